@@ -1,0 +1,92 @@
+"""Import boundaries that keep the rooms honest (DESIGN.md "Rules"), checked by scanning module-level imports.
+
+- ``flowrl/types.py`` imports only torch (and the standard library).
+- ``samplers/`` imports only torch, tqdm, ``flowrl.types`` / ``flowrl.registry`` and itself.
+- ``rewards/`` imports at module level only torch, numpy, PIL, ``flowrl.types`` / ``flowrl.registry`` and itself;
+  model libraries are imported lazily inside functions.
+- the ``flowrl`` core reaches a reward or sampler plugin only through the registries (``from rewards import
+  REWARDS``), never ``rewards.<plugin>`` / ``samplers.<kernel>`` directly; the sampler infrastructure modules
+  (rollout engine, schedules, windows, rng) and the reward composite are shared machinery, not plugins.
+"""
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+SAMPLER_INFRA = {"samplers", "samplers.rollout", "samplers.schedule", "samplers.windows", "samplers.rng",
+                 "samplers.base", "samplers.log_prob", "samplers.tree", "samplers.restart"}
+REWARD_INFRA = {"rewards", "rewards.base", "rewards.compose"}
+
+
+def module_level_imports(path: Path) -> list[str]:
+    """Absolute module names imported at module level (not inside functions)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = []
+    for node in tree.body:
+        nodes = [node]
+        if isinstance(node, (ast.If, ast.Try)):
+            nodes = list(ast.walk(node))
+        for n in nodes:
+            if isinstance(n, ast.Import):
+                names += [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                names.append(n.module)
+    return names
+
+
+def files(pkg: str) -> list[Path]:
+    return sorted((REPO / pkg).rglob("*.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_types_imports_only_torch():
+    bad = [m for m in module_level_imports(REPO / "flowrl/types.py") if top(m) not in STDLIB | {"torch"}]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("path", files("samplers"), ids=lambda p: str(p.relative_to(REPO)))
+def test_samplers_boundary(path):
+    ok = STDLIB | {"torch", "tqdm"}
+    bad = [m for m in module_level_imports(path)
+           if top(m) not in ok and not m.startswith("samplers") and m not in {"flowrl.types", "flowrl.registry"}]
+    assert not bad, f"{path}: samplers/ may import only torch, tqdm and flowrl.types: {bad}"
+
+
+@pytest.mark.parametrize("path", files("rewards"), ids=lambda p: str(p.relative_to(REPO)))
+def test_rewards_boundary(path):
+    ok = STDLIB | {"torch", "numpy", "PIL"}
+    bad = [m for m in module_level_imports(path)
+           if top(m) not in ok and not m.startswith("rewards") and m not in {"flowrl.types", "flowrl.registry"}]
+    assert not bad, f"{path}: import model libraries lazily inside setup(): {bad}"
+
+
+@pytest.mark.parametrize("path", files("flowrl"), ids=lambda p: str(p.relative_to(REPO)))
+def test_core_reaches_plugins_through_registries(path):
+    bad = []
+    for m in module_level_imports(path):
+        if top(m) == "samplers" and m not in SAMPLER_INFRA:
+            bad.append(m)
+        if top(m) == "rewards" and m not in REWARD_INFRA:
+            bad.append(m)
+    assert not bad, f"{path}: reach plugins via samplers.KERNELS / rewards.REWARDS, not {bad}"
+
+
+def test_no_package_imports_scripts():
+    for pkg in ("flowrl", "samplers", "rewards"):
+        for path in files(pkg):
+            assert not any(top(m) == "scripts" for m in module_level_imports(path)), path
+
+
+def test_file_length_report(capsys):
+    """Soft budget (~400 lines a file): reported, not enforced."""
+    long = [(p, n) for pkg in ("flowrl", "samplers", "rewards") for p in files(pkg)
+            if (n := len(p.read_text().splitlines())) > 400]
+    with capsys.disabled():
+        for p, n in long:
+            print(f"\n[layout] {p.relative_to(REPO)}: {n} lines (budget ~400)")
