@@ -39,7 +39,7 @@ def test_unknown_name_suggests_nearest():
 
 def test_bad_attribute_and_missing_module_and_file():
     with pytest.raises(RegistryError, match="did you mean 'dumps'"):
-        import_string("json:dumpz")
+        import_string("json:dumpss")
     with pytest.raises(RegistryError, match="cannot import"):
         import_string("no_such_module_xyz:thing")
     with pytest.raises(RegistryError, match="plugin file not found"):
