@@ -1,0 +1,221 @@
+"""Group statistics that turn rewards (B,) into advantages (B,): pure functions on tensors.
+
+Groups are integer ids (B,): equal ids came from the same prompt (or the same tree depth, see
+``depthwise_advantages``). A NaN reward means "does not apply to this sample": it is left out of every
+statistic and its advantage is NaN, so callers can mask it (``torch.isfinite``) or zero it (``nan_to_num``).
+
+Conventions of the anchors (reference A §2.6, B §1.1, B §5):
+- Flow-GRPO / DiffusionNFT: ``A = (r − mean_group r) / (std + 1e-4)``, std over the whole batch
+  (``global_std=True``) or within the group, numpy ``np.std`` i.e. the population std (``unbiased=False``).
+- GDPO / LLM stacks use torch ``.std`` (unbiased).
+- MC-GRPO: median baseline over G+1 rollouts, MAD scale, the median rollout dropped (B §5.6).
+- BranchGRPO: per (tree, depth) normalisation with unbiased std and eps 1e-8 (C §1.3).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+StdMode = Literal["group", "global", "none"]
+
+
+def _check(r: Tensor, group_ids: Tensor) -> Tensor:
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (B,), got shape {tuple(r.shape)}; pass one reward column at a time")
+    if group_ids.shape != r.shape:
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} must equal rewards shape {tuple(r.shape)}")
+    if group_ids.dtype.is_floating_point:
+        raise ValueError("group_ids must be an integer tensor (one id per prompt), got floating point")
+    return torch.unique(group_ids, return_inverse=True)[1]
+
+
+def group_stats(r: Tensor, group_ids: Tensor, unbiased: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample (mean, std, count) of the finite rewards in each sample's group.
+
+    mean_g = Σ_{i∈g} r_i / n_g,  std_g = sqrt(Σ (r_i − mean_g)² / (n_g − ddof)),  ddof = 1 if unbiased.
+    Groups with no finite reward give NaN mean; std is 0 where n_g − ddof ≤ 0.
+    """
+    inv = _check(r, group_ids)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    valid = torch.isfinite(r)
+    x = torch.where(valid, r, torch.zeros_like(r)).double()
+    cnt = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, valid.double())
+    tot = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, x)
+    mean = tot / cnt  # NaN for an all-NaN group
+    dev2 = torch.where(valid, (x - mean[inv]) ** 2, torch.zeros_like(x))
+    ss = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, dev2)
+    denom = cnt - (1.0 if unbiased else 0.0)
+    std = torch.where(denom > 0, (ss / denom.clamp(min=1)).sqrt(), torch.zeros_like(ss))
+    return mean[inv].to(r.dtype), std[inv].to(r.dtype), cnt[inv].to(r.dtype)
+
+
+def finite_std(x: Tensor, unbiased: bool = False) -> Tensor:
+    """Std of the finite entries of ``x`` (0-d); 0 when fewer than 1 (+1 if unbiased) finite entries."""
+    v = x[torch.isfinite(x)].double()
+    if v.numel() - int(unbiased) <= 0:
+        return torch.zeros((), dtype=x.dtype)
+    return v.std(unbiased=unbiased).to(x.dtype)
+
+
+def batch_normalize(x: Tensor, eps: float = 1e-4, unbiased: bool = True) -> Tensor:
+    """BN(x) = (x − mean_all x) / (std_all x + eps) over the finite entries (GDPO, reference B §5)."""
+    v = x[torch.isfinite(x)]
+    if v.numel() == 0:
+        return x.clone()
+    return (x - v.double().mean().to(x.dtype)) / (finite_std(x, unbiased) + eps)
+
+
+def group_advantages(
+    r: Tensor,
+    group_ids: Tensor,
+    *,
+    std: StdMode = "global",
+    eps: float = 1e-4,
+    clip: float | None = None,
+    unbiased: bool = False,
+) -> Tensor:
+    """A_i = (r_i − mean_{group(i)} r) / (s + eps)  (Flow-GRPO ``PerPromptStatTracker``, reference A §2.6).
+
+    s = std of all finite rewards in the batch (``std="global"``, Flow-GRPO/NFT default), of the sample's
+    group (``"group"``: Wan, flux_fast), or 1 with no eps (``"none"``: mean-centering only).
+    NaN rewards are excluded from every statistic and give NaN advantages. ``clip`` clamps A to ±clip.
+    """
+    mean, gstd, _ = group_stats(r, group_ids, unbiased)
+    if std == "global":
+        scale = finite_std(r, unbiased) + eps
+    elif std == "group":
+        scale = gstd + eps
+    elif std == "none":
+        scale = torch.ones((), dtype=r.dtype)
+    else:
+        raise ValueError(f"std must be 'group', 'global' or 'none', got {std!r}")
+    adv = (r - mean) / scale
+    return clip_advantages(adv, clip) if clip is not None else adv
+
+
+def clip_advantages(adv: Tensor, max_abs: float) -> Tensor:
+    """clamp(A, −max_abs, +max_abs) (``adv_clip_max = 5`` in every GRPO anchor); NaN stays NaN."""
+    if max_abs <= 0:
+        raise ValueError(f"advantage clip must be > 0, got {max_abs}")
+    return adv.clamp(-max_abs, max_abs)
+
+
+def zero_std_mask(r: Tensor, group_ids: Tensor, tol: float = 0.0) -> Tensor:
+    """Keep-mask (B,) bool: False for samples whose group has no reward spread (std ≤ tol) or a NaN reward.
+
+    Flow-GRPO drops such samples from training since their advantage is 0 at every step (A §2.6).
+    """
+    _, std, _ = group_stats(r, group_ids)
+    return (std > tol) & torch.isfinite(r)
+
+
+def zero_std_ratio(r: Tensor, group_ids: Tensor, tol: float = 0.0) -> float:
+    """Fraction of groups whose rewards have no spread (Flow-GRPO's logged ``zero_std_ratio``)."""
+    inv = _check(r, group_ids)
+    keep = zero_std_mask(r, group_ids, tol)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    any_keep = torch.zeros(n_groups, dtype=torch.bool).index_put_((inv,), keep, accumulate=True)
+    return float((~any_keep).float().mean()) if n_groups else 0.0
+
+
+def median_advantages(
+    r: Tensor, group_ids: Tensor, *, mad_eps: float = 1e-3, compensate: bool = True
+) -> tuple[Tensor, Tensor]:
+    """MC-GRPO median baseline over G+1 rollouts per prompt (reference B §5.6).
+
+    m_p = median_g r,  MAD_p = median_g |r − m_p| + mad_eps,  A = (r − m_p) / MAD_p;
+    with ``compensate`` the nonzero advantages of a group are scaled by n_p / #nonzero (n_p = G+1).
+    Returns (A (B,), keep (B,) bool): keep is False on the median rollout (dropped from the loss, so G
+    rollouts backprop) and on NaN rewards. For even group sizes the lower median is used (torch.median).
+    """
+    inv = _check(r, group_ids)
+    adv = torch.full_like(r, float("nan"))
+    keep = torch.isfinite(r).clone()
+    for g in inv.unique():
+        idx = torch.nonzero((inv == g) & torch.isfinite(r)).flatten()
+        if idx.numel() == 0:
+            continue
+        vals = r[idx]
+        med, arg = vals.median(dim=0)
+        mad = (vals - med).abs().median() + mad_eps
+        a = (vals - med) / mad
+        nonzero = a != 0
+        if compensate and nonzero.any():
+            a = torch.where(nonzero, a * idx.numel() / nonzero.sum(), a)
+        adv[idx] = a
+        keep[idx[arg]] = False
+    return adv, keep
+
+
+def depthwise_advantages(
+    r: Tensor, tree_ids: Tensor, depth: Tensor, *, eps: float = 1e-8, min_std: float = 1e-6
+) -> Tensor:
+    """BranchGRPO depth-wise advantages (reference C §1.3): per (tree, depth) set D,
+
+    A(n) = (R(n) − mean_D R) / (std_D R + eps), unbiased std; A = 0 where |D| = 1 or std < min_std.
+    ``r`` are node rewards (already backed up from the leaves), ``depth`` the node depths (B,).
+    """
+    if depth.shape != r.shape:
+        raise ValueError(f"depth shape {tuple(depth.shape)} must equal rewards shape {tuple(r.shape)}")
+    key = tree_ids.long() * (int(depth.max()) + 1) + depth.long()
+    mean, std, cnt = group_stats(r, key, unbiased=True)
+    adv = (r - mean) / (std + eps)
+    flat = (cnt <= 1) | (std < min_std)
+    return torch.where(flat & torch.isfinite(r), torch.zeros_like(adv), adv)
+
+
+class PerPromptStatTracker:
+    """Flow-GRPO's ``PerPromptStatTracker`` (FG:flow_grpo/stat_tracking.py, reference A §2.6), with history.
+
+    ``update(prompts, rewards)`` appends each prompt's rewards to its buffer and returns
+    ``A = (r − mean(buffer_p)) / (s + eps)``, s = population std of this batch's rewards (``global_std``)
+    or of the prompt's buffer. Flow-GRPO clears the buffers every epoch (``clear()``; no history);
+    keeping them gives DDPO's history tracker, where ``buffer_size`` keeps the newest rewards per prompt and a
+    prompt with fewer than ``min_count`` buffered rewards falls back to the batch mean and std.
+    NaN rewards are not buffered and get NaN advantages. ``state_dict``/``load_state_dict`` for resume.
+    """
+
+    def __init__(self, global_std: bool = True, eps: float = 1e-4, buffer_size: int | None = None,
+                 min_count: int = 0):
+        self.global_std, self.eps = global_std, eps
+        self.buffer_size, self.min_count = buffer_size, min_count
+        self.stats: dict[str, list[float]] = {}
+
+    def update(self, prompts: list[str], rewards: Tensor) -> Tensor:
+        if len(prompts) != rewards.numel():
+            raise ValueError(f"{len(prompts)} prompts but {rewards.numel()} rewards; they must pair up")
+        r = rewards.detach().double().flatten().cpu()
+        for p, x in zip(prompts, r.tolist()):
+            if x == x:  # not NaN
+                buf = self.stats.setdefault(p, [])
+                buf.append(x)
+                if self.buffer_size is not None:
+                    del buf[: max(0, len(buf) - self.buffer_size)]
+        batch_std = float(finite_std(r))
+        batch_mean = float(r[torch.isfinite(r)].mean()) if torch.isfinite(r).any() else float("nan")
+        adv = torch.full_like(r, float("nan"))
+        for i, (p, x) in enumerate(zip(prompts, r.tolist())):
+            buf = torch.tensor(self.stats.get(p, []), dtype=torch.float64)
+            if buf.numel() < max(self.min_count, 1):
+                mean, std = batch_mean, batch_std
+            else:
+                mean = float(buf.mean())
+                std = batch_std if self.global_std else float(buf.std(unbiased=False))
+            adv[i] = (x - mean) / (std + self.eps)
+        return adv.to(rewards.dtype).reshape(rewards.shape)
+
+    def clear(self) -> None:
+        self.stats.clear()
+
+    def get_stats(self) -> tuple[float, int]:
+        """(mean buffered rewards per prompt, number of prompts), as Flow-GRPO logs them."""
+        n = len(self.stats)
+        return (sum(len(v) for v in self.stats.values()) / n if n else 0.0), n
+
+    def state_dict(self) -> dict:
+        return {"stats": {k: list(v) for k, v in self.stats.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats = {k: list(v) for k, v in state["stats"].items()}
