@@ -1,0 +1,217 @@
+"""The typed run configuration: ``RunConfig`` sections, YAML recipes, dotted ``key=value`` overrides.
+
+    cfg = load_config("configs/default.yaml", ["train.lr=1e-4", "rewards.shapes.weight=0.5"])
+
+Sections (reference E §3.7): ``run`` (name, output dir, seed, resume, precision), ``policy`` (tagged: POLICIES),
+``data`` (prompt sets), ``sampler`` (steps, guidance, resolution, and the tagged ``kernel`` / ``window``),
+``rewards`` (keyed by name, each ``{weight, reward?, kwargs, ...}`` as in ``rewards.compose``), ``advantage`` (group
+statistics + tagged ``balancer``), ``objective`` (tagged: OBJECTIVES), ``train``, ``eval``, ``checkpoint``, ``log``.
+A recipe holds only non-default values; defaults are the Flow-GRPO / DiffusionNFT published ones (reference A §2.2,
+B §1.7). Everything strict: an unknown key or a wrong type names the key, its file and the nearest valid key.
+The resolved config is written to ``<run dir>/config.yaml``; resume reads that file (``load_resolved``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from flowrl.configlib import (  # noqa: F401  (re-exported: the generic strict loader other modules reuse)
+    ConfigError, Plugin, Source, apply_overrides, build_plugin, dump_yaml, from_dict, load_yaml, parse_yaml,
+    plugin_config_class, plugin_field, read_yaml_file, replace_nested, to_dict,
+)
+
+POLICIES = "flowrl.policies:POLICIES"
+KERNELS = "samplers:KERNELS"
+WINDOWS = "samplers:WINDOWS"
+OBJECTIVES = "flowrl.objectives:OBJECTIVES"
+BALANCERS = "flowrl.balancers:BALANCERS"
+REWARDS = "rewards:REWARDS"
+
+
+@dataclass
+class RunSection:
+    name: str = "default"
+    output_dir: str = "runs"          # the run lives in <output_dir>/<name>/
+    seed: int = 42
+    resume: bool = False              # continue from the latest checkpoint in the run dir (reads its config.yaml)
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (ref A §2.4)
+    cpu: bool = False                 # force CPU even when an accelerator is present
+
+
+@dataclass
+class DataSection:
+    train: str = "shapes:train"       # prompt set: registered name ("shapes:train"), a .txt (one per line) or .jsonl
+    eval: str = "shapes:heldout"      # held-out prompts for accuracy / reward before-after
+    eval_size: int | None = None      # first N eval prompts (None: all)
+    negative_prompt: str = ""         # CFG negative prompt
+
+
+@dataclass
+class SamplerSection:
+    kernel: Any = plugin_field(KERNELS, "flow_sde")   # rollout step kernel (SDE for GRPO, ODE/solver for NFT/AWR)
+    window: Any = plugin_field(WINDOWS, "all")        # which steps are stochastic + stored (Flow-GRPO-Fast, MixGRPO)
+    steps: int = 10                   # rollout steps (Flow-GRPO SD3.5: 10 train, 40 eval)
+    eval_steps: int = 40
+    guidance: float | None = None     # CFG / distilled guidance for rollouts; None → the policy family default
+    eval_guidance: float | None = None
+    height: int = 512
+    width: int = 512
+    num_frames: int | None = None     # video policies only
+
+
+def build_rewards(data: Any, where: str, source: Source | None) -> dict:
+    """``{name: weight | {weight, reward?, kwargs, device, dtype, batch_size}}`` → ``{name: RewardSpec}``
+    (``rewards.compose.RewardSpec``), strictly; ``kwargs`` is checked against the reward's own ``Config``."""
+    from rewards import REWARDS
+    from rewards.compose import RewardSpec
+
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping name → {{weight: ...}} (rewards are keyed by name, "
+                          f"not a list) (in {source.of(where) if source else 'config'})")
+    out = {}
+    for name, spec in data.items():
+        key = f"{where}.{name}"
+        if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            spec = {"weight": spec}
+        spec = dict(spec or {})
+        if "name" in spec:
+            raise ConfigError(f"{key}.name: unknown key; the name is the mapping key "
+                              f"(in {source.of(key) if source else 'config'})")
+        built = from_dict(RewardSpec, {**spec, "name": str(name)}, key, source)
+        try:
+            obj = REWARDS.get(built.target)
+        except KeyError as e:
+            raise ConfigError(f"{key}: {e} (in {source.of(key) if source else 'config'})") from None
+        cfg_cls = plugin_config_class(obj)
+        if cfg_cls is not None:
+            from_dict(cfg_cls, built.kwargs, f"{key}.kwargs", source)   # validation only; kwargs stay a dict
+        out[str(name)] = built
+    return out
+
+
+@dataclass
+class AdvantageSection:
+    """Group statistics (ref A §2.6): A = (r − mean_group r) / (std + 1e-4); std over the group or the batch."""
+
+    std: Literal["group", "global", "none"] = "global"
+    clip: float | None = 5.0          # |A| ≤ clip (Flow-GRPO adv_clip_max)
+    balancer: Any = plugin_field(BALANCERS, "weighted_sum")   # how K rewards become one advantage
+
+
+@dataclass
+class TrainSection:
+    iterations: int = 100             # outer RL iterations (rollout → update)
+    prompts_per_iter: int = 48        # groups per iteration, over all processes (Flow-GRPO: 48)
+    group_size: int = 24              # samples per prompt (Flow-GRPO / NFT: 24)
+    micro_batch: int = 8              # samples per forward/backward per process
+    inner_epochs: int = 1             # K passes over each iteration's samples
+    updates_per_epoch: int = 2        # optimizer steps per pass (Flow-GRPO: GA = batches/2 → 2 steps)
+    lr: float = 3.0e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1.0e-4
+    eps: float = 1.0e-8
+    max_grad_norm: float = 1.0
+    finetune: Literal["lora", "full"] = "lora"
+    old_update: Literal["copy", "nft", "delayed"] = "copy"   # π_old after each iteration (ref B §1.6)
+    ema_decay: float | None = 0.9     # eval EMA of the trainable weights (None: off); warm-up min((1+s)/(10+s), d)
+    gradient_checkpointing: bool = False
+    max_skipped: int = 10             # stop after this many consecutive non-finite updates
+
+    def __post_init__(self):
+        for name in ("iterations", "prompts_per_iter", "group_size", "micro_batch", "inner_epochs",
+                     "updates_per_epoch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be ≥ 1, got {getattr(self, name)}")
+
+
+@dataclass
+class EvalSection:
+    every: int = 20                   # iterations between evaluations (0: only before and after)
+    num_prompts: int = 64             # held-out prompts scored per evaluation
+    grid_prompts: int = 8             # rows of the saved image grid
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    held_out: list[str] = field(default_factory=list)   # extra rewards monitored, never trained on
+    batch: int = 16
+    before: bool = True
+    after: bool = True
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 50                   # iterations between checkpoints (0: only at the end)
+    keep: int = 2
+
+
+@dataclass
+class LogSection:
+    every: int = 1
+    tensorboard: bool = False
+    wandb: bool = False
+    project: str = "flowrl"
+    progress: bool = True             # tqdm bars with ETA
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    policy: Any = plugin_field(POLICIES, "toy")
+    data: DataSection = field(default_factory=DataSection)
+    sampler: SamplerSection = field(default_factory=SamplerSection)
+    rewards: dict = field(default_factory=dict, metadata={"build": build_rewards})
+    advantage: AdvantageSection = field(default_factory=AdvantageSection)
+    objective: Any = plugin_field(OBJECTIVES, "grpo")
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+    @property
+    def samples_per_iter(self) -> int:
+        return self.train.prompts_per_iter * self.train.group_size
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a recipe, apply ``key=value`` overrides and build the ``RunConfig`` strictly."""
+    return load_yaml(RunConfig, path, overrides)
+
+
+def check_geometry(cfg: RunConfig, num_processes: int = 1) -> None:
+    """The batch must split evenly: samples per iteration over processes, micro-batches and updates.
+    Raises with the nearest valid values instead of adjusting anything (reference E §3.7 rule 5)."""
+    n, p = cfg.samples_per_iter, num_processes
+    if n % p:
+        raise ConfigError(f"train.prompts_per_iter × train.group_size = {n} samples do not split over {p} "
+                          f"processes; choose prompts_per_iter as a multiple of {p}")
+    local = n // p
+    chunk = cfg.train.micro_batch * cfg.train.updates_per_epoch
+    if local % chunk:
+        good = [d for d in range(1, local + 1) if local % (d * cfg.train.updates_per_epoch) == 0]
+        raise ConfigError(f"{local} samples per process do not split into train.updates_per_epoch="
+                          f"{cfg.train.updates_per_epoch} updates of train.micro_batch={cfg.train.micro_batch}; "
+                          f"valid micro_batch values: {good}")
+
+
+def save_resolved(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
+    """Write the resolved config to ``<run dir>/config.yaml`` (what resume reads)."""
+    d = Path(run_dir) if run_dir is not None else cfg.run_dir
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "config.yaml"
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(dump_yaml(cfg))
+    tmp.replace(path)
+    return path
+
+
+def load_resolved(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was started with (``<run dir>/config.yaml``), plus overrides (e.g. more iterations)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"cannot resume: {path} not found (was the run started with this output_dir/name?)")
+    return load_config(path, overrides)

@@ -1,0 +1,322 @@
+"""Strict dataclass configs from YAML: ``from_dict``, dotted ``key=value`` overrides, tagged plugin sections.
+
+The schema is plain dataclasses (reference E §3.7). ``from_dict(cls, data, where)`` builds one strictly: an unknown
+key or a wrong type raises ``ConfigError`` naming the key, where it came from (file or command line) and the
+nearest valid key (difflib). A field whose metadata names a registry (``plugin_field``) is a tagged union:
+``{kind: grpo, clip_range: 1e-4}`` resolves ``kind`` through that registry and builds the plugin module's own
+``Config`` dataclass, so a plugin's settings live next to its code. Reusable by any module with its own config
+(e.g. the distillation loop).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import sys
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that does not match its schema; the message names the key, its source and the fix."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 SafeLoader that also reads ``1e-4`` (no dot) as a float, as people write it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+@dataclass
+class Plugin:
+    """A resolved tagged-union section: the registry name and the plugin module's ``Config`` (or None)."""
+
+    kind: str
+    config: Any = None
+
+    def __getattr__(self, name: str) -> Any:  # cfg.objective.clip_range reads through to the plugin's Config
+        if name.startswith("__") or name in ("kind", "config"):
+            raise AttributeError(name)
+        if self.config is None or not hasattr(self.config, name):
+            raise AttributeError(f"{self.kind!r} config has no field {name!r}")
+        return getattr(self.config, name)
+
+
+def plugin_field(registry: str, default: str | None, **kw) -> Any:
+    """A dataclass field holding a ``Plugin`` resolved through ``registry`` ("package:ATTR"); ``default`` kind."""
+    return field(default=None, metadata={"registry": registry, "default_kind": default, **kw})
+
+
+class Source:
+    """Where each dotted key came from: the YAML file, or a command-line override."""
+
+    def __init__(self, file: str | None = None):
+        self.file = file
+        self.overrides: dict[str, str] = {}
+
+    def of(self, key: str) -> str:
+        for k, text in self.overrides.items():
+            if key == k or key.startswith(k + ".") or k.startswith(key + "."):
+                return f"command-line override {text!r}"
+        return f"file {self.file}" if self.file else "the given dict"
+
+
+def _err(msg: str, key: str, source: Source | None) -> ConfigError:
+    where = source.of(key) if source else "config"
+    return ConfigError(f"{key}: {msg} (in {where})")
+
+
+def _suggest(name: str, valid) -> str:
+    hit = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
+    return f"; did you mean {hit[0]!r}?" if hit else f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def resolve_registry(spec: str):
+    """``"flowrl.objectives:OBJECTIVES"`` → the Registry object."""
+    mod, attr = spec.split(":")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"registry {spec} is not available: {e}") from e
+
+
+def plugin_config_class(obj: Any) -> type | None:
+    """The ``Config`` dataclass of a registry entry: the object itself if it is one, its ``.Config``, or its
+    module's ``Config``; None when the plugin takes no settings."""
+    cls = getattr(obj, "Config", None)
+    if cls is None and is_dataclass(obj) and isinstance(obj, type):
+        return obj
+    if cls is None:
+        module = inspect.getmodule(obj)
+        cls = getattr(module, "Config", None) if module is not None else None
+    return cls if (cls is not None and is_dataclass(cls)) else None
+
+
+def build_plugin(registry: str, data: Any, where: str, source: Source | None, default_kind: str | None) -> Plugin:
+    """Resolve a ``{kind: name, ...}`` section through ``registry`` and build the plugin's Config strictly."""
+    if isinstance(data, str):
+        data = {"kind": data}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _err(f"expected a mapping with 'kind', got {type(data).__name__}", where, source)
+    data = dict(data)
+    kind = data.pop("kind", default_kind)
+    if kind is None:
+        raise _err("missing 'kind'", where, source)
+    reg = resolve_registry(registry)
+    try:
+        obj = reg.get(str(kind))
+    except KeyError as e:
+        raise _err(str(e), f"{where}.kind", source) from None
+    cls = plugin_config_class(obj)
+    if cls is None:
+        if data:
+            raise _err(f"{kind!r} takes no settings, got {sorted(data)}", where, source)
+        return Plugin(str(kind), None)
+    return Plugin(str(kind), from_dict(cls, data, where, source))
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def convert(tp: Any, value: Any, where: str, source: Source | None) -> Any:
+    """Check ``value`` against annotation ``tp`` (YAML-parsed), converting only int→float and list→tuple."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return convert(a, value, where, source)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise _err(f"expected {_type_name(tp)}, got {value!r}", where, source)
+    if origin is Literal:
+        if value not in args:
+            raise _err(f"expected one of {list(args)}, got {value!r}" + _suggest(str(value), map(str, args)),
+                       where, source)
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _err(f"expected a list, got {value!r}", where, source)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise _err(f"expected {len(args)} items, got {len(value)}", where, source)
+            return tuple(convert(a, v, f"{where}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        out = [convert(item, v, f"{where}[{i}]", source) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _err(f"expected a mapping, got {value!r}", where, source)
+        vt = args[1] if args else Any
+        return {str(k): convert(vt, v, f"{where}.{k}", source) for k, v in value.items()}
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, where, source)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _err(f"expected a float, got {value!r} ({type(value).__name__})", where, source)
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _err(f"expected an int, got {value!r} ({type(value).__name__})", where, source)
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise _err(f"expected a {tp.__name__}, got {value!r} ({type(value).__name__})", where, source)
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise _err(f"expected null, got {value!r}", where, source)
+        return None
+    raise _err(f"unsupported annotation {tp!r} in the schema", where, source)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    module = sys.modules.get(cls.__module__)
+    return typing.get_type_hints(cls, globalns=vars(module) if module else None)
+
+
+def from_dict(cls: type, data: Any, where: str = "", source: Source | None = None):
+    """Build dataclass ``cls`` from a (YAML-parsed) mapping, strictly: unknown keys and wrong types raise
+    ``ConfigError`` naming the key and the nearest valid one. Missing keys take the dataclass defaults."""
+    prefix = f"{where}." if where else ""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _err(f"expected a mapping for {cls.__name__}, got {data!r}", where or "<root>", source)
+    hints = _hints(cls)
+    valid = {f.name: f for f in fields(cls) if f.init}
+    for key in data:
+        if key not in valid:
+            raise _err("unknown key" + _suggest(str(key), valid), prefix + str(key), source)
+    kwargs = {}
+    for name, f in valid.items():
+        key = prefix + name
+        if "build" in f.metadata:  # a custom section builder, e.g. the rewards mapping
+            kwargs[name] = f.metadata["build"](data.get(name), key, source)
+        elif "registry" in f.metadata:
+            kwargs[name] = build_plugin(f.metadata["registry"], data.get(name), key, source,
+                                        f.metadata["default_kind"])
+        elif name in data:
+            kwargs[name] = convert(hints[name], data[name], key, source)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise _err("required key is missing", key, source)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # __post_init__ validation
+        raise _err(str(e), where or "<root>", source) from None
+
+
+def to_dict(obj: Any) -> Any:
+    """A plain YAML-ready structure; a Plugin becomes ``{kind, **its config}``."""
+    if isinstance(obj, Plugin):
+        return {"kind": obj.kind, **(to_dict(obj.config) if obj.config is not None else {})}
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def dump_yaml(obj: Any) -> str:
+    return yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=None)
+
+
+def apply_overrides(data: dict, overrides: list[str], source: Source) -> dict:
+    """Apply ``a.b.c=value`` (value parsed as a YAML scalar/flow) and ``~a.b`` (reset to default) to ``data``."""
+    for text in overrides:
+        if text.startswith("~"):
+            path, value, reset = text[1:], None, True
+        elif "=" in text:
+            path, raw = text.split("=", 1)
+            value, reset = parse_yaml(raw), False
+        else:
+            raise ConfigError(f"command-line override {text!r}: expected 'key=value' or '~key'")
+        keys = path.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"command-line override {text!r}: empty key in {path!r}")
+        source.overrides[".".join(keys)] = text
+        node = data
+        for k in keys[:-1]:
+            child = node.get(k)
+            if isinstance(child, str):  # `sampler.kernel: ode` shorthand becomes a mapping
+                child = {"kind": child}
+            if not isinstance(child, dict):
+                child = {}
+            node[k] = child
+            node = child
+        if reset:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = value
+    return data
+
+
+def read_yaml_file(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        near = _suggest(p.name, [q.name for q in p.parent.glob("*.yaml")]) if p.parent.is_dir() else ""
+        raise ConfigError(f"config file not found: {path}" + (near if near.startswith("; did") else "")
+                          + " (give a path to a YAML recipe, e.g. configs/default.yaml)")
+    try:
+        data = parse_yaml(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_yaml(cls: type, path: str | Path | None, overrides: list[str] | None = None):
+    """Read a YAML recipe (or nothing), apply dotted overrides, and build ``cls`` strictly."""
+    data = read_yaml_file(path) if path is not None else {}
+    source = Source(str(path) if path is not None else None)
+    apply_overrides(data, list(overrides or []), source)
+    return from_dict(cls, data, "", source)
+
+
+def replace_nested(obj: Any, **changes) -> Any:
+    """``dataclasses.replace`` for dotted names: ``replace_nested(cfg, **{"train.lr": 1e-4})``."""
+    groups: dict[str, dict] = {}
+    direct = {}
+    for k, v in changes.items():
+        head, _, rest = k.partition(".")
+        (groups.setdefault(head, {}).__setitem__(rest, v)) if rest else direct.__setitem__(head, v)
+    for head, sub in groups.items():
+        direct[head] = replace_nested(getattr(obj, head), **sub)
+    if isinstance(obj, Plugin):
+        return Plugin(obj.kind, dataclasses.replace(obj.config, **direct))
+    if isinstance(obj, dict):
+        return {**obj, **direct}
+    return dataclasses.replace(obj, **direct)
