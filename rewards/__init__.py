@@ -1,0 +1,42 @@
+"""Reward plugins: the registry, the contract, and the composite ``RewardSet``.
+
+Importing this package is cheap: each reward module loads its model library (transformers, open_clip, an
+OCR engine) only inside ``setup``.  A reward is found by registry name, by a ``flowrl.rewards`` package entry
+point, or by a ``module:attr`` / ``path/to/file.py:attr`` string (see docs/rewards.md).
+"""
+from flowrl.registry import Registry
+
+REWARDS = Registry(
+    "reward",
+    {
+        "jpeg_compressibility": "rewards.jpeg:JpegCompressibility",
+        "jpeg_incompressibility": "rewards.jpeg:JpegIncompressibility",
+        "pickscore": "rewards.pickscore:PickScore",
+        "aesthetic": "rewards.aesthetic:Aesthetic",
+        "hpsv2": "rewards.hpsv2:HPSv2",
+        "clipscore": "rewards.clipscore:CLIPScore",
+        "ocr": "rewards.ocr:OCR",
+        "video_frame_mean": "rewards.video:VideoFrameMean",
+        "temporal_consistency": "rewards.video:TemporalConsistency",
+        "remote": "rewards.remote:RemoteReward",
+        "shapes": "rewards.shapes:ShapesVerifier",
+        "shapes_count": "rewards.shapes:CountReward",
+        "shapes_color": "rewards.shapes:ColorReward",
+        "shapes_position": "rewards.shapes:PositionReward",
+        "shapes_clean": "rewards.shapes:CleanBackgroundReward",
+    },
+    entry_point_group="flowrl.rewards",
+)
+
+
+def register(name: str):
+    """Decorator: ``@register("brightness")`` on a reward class or function makes it usable by name."""
+    return REWARDS.register(name)
+
+
+from rewards.base import RewardError, RewardInput, make_input  # noqa: E402
+from rewards.compose import RewardScores, RewardSet, RewardSpec  # noqa: E402
+from rewards.build import build_reward  # noqa: E402
+
+__all__ = ["REWARDS", "register", "RewardInput", "RewardError", "make_input", "RewardSet", "RewardSpec",
+           "RewardScores", "build_reward"]

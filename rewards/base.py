@@ -1,0 +1,115 @@
+"""The reward contract: a callable on a ``RewardInput`` batch returning scores, plus input/output checks.
+
+A reward is any callable ``reward(batch: RewardInput) -> Tensor[B] | dict[str, Tensor[B]]``.  A dict holds
+``"score"`` (the reward) and optional named sub-scores (``{"score": s, "count": c}``).  NaN means "does not
+apply to this sample" (e.g. OCR on a prompt without quoted text) and is excluded downstream (reference E §3.3,
+reference B §4.1 NaN masks).  Rewards with weights load them lazily in ``setup(device, dtype)`` so that
+``import rewards`` stays cheap.  Optional class attributes:
+
+    name:    str                   shown in errors and logs (defaults to the registry name)
+    accepts: tuple[str, ...]       ("image",), ("video",) or both (the default): checked before the call
+    Config:  a dataclass           ``RewardSpec.kwargs`` are turned into ``Config(**kwargs)`` for the constructor
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from flowrl.types import RewardInput
+
+__all__ = ["RewardInput", "Reward", "RewardError", "check_input", "normalize_output", "make_input", "nanmean"]
+
+_RANGE_TOL = 1e-3
+
+
+class RewardError(ValueError):
+    """A reward got bad input, failed, or returned something that breaks the contract; names the reward."""
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """What a reward plugin looks like (``setup`` optional)."""
+
+    def __call__(self, batch: RewardInput) -> Tensor | dict[str, Tensor]: ...
+
+
+def make_input(pixels: Tensor, prompts: list[str] | None = None, group_ids: Tensor | None = None,
+               meta: list[dict] | None = None) -> RewardInput:
+    """Build a ``RewardInput`` with default prompts (""), group ids (0..B-1) and metadata ({})."""
+    n = pixels.shape[0]
+    prompts = [""] * n if prompts is None else list(prompts)
+    group_ids = torch.arange(n) if group_ids is None else torch.as_tensor(group_ids, dtype=torch.long)
+    return RewardInput(pixels=pixels, prompts=prompts, group_ids=group_ids,
+                       meta=[{} for _ in range(n)] if meta is None else list(meta))
+
+
+def check_input(batch: RewardInput, name: str, accepts: tuple[str, ...] = ("image", "video")) -> None:
+    """Raise ``RewardError`` naming reward ``name`` unless ``batch`` is a valid image/video batch in [0, 1]."""
+    px = batch.pixels
+    if not isinstance(px, Tensor):
+        raise RewardError(f"reward {name!r}: pixels must be a torch.Tensor, got {type(px).__name__}")
+    if px.dim() not in (4, 5) or px.shape[-3] != 3:
+        raise RewardError(f"reward {name!r}: pixels must be (B, 3, H, W) images or (B, F, 3, H, W) videos, "
+                          f"got shape {tuple(px.shape)}; decode latents and put channels before H, W")
+    kind = "video" if px.dim() == 5 else "image"
+    if kind not in accepts:
+        fix = " (wrap it: video_frame_mean with reward=...)" if kind == "video" else ""
+        raise RewardError(f"reward {name!r} accepts {'/'.join(accepts)} batches, got a {kind} batch "
+                          f"of shape {tuple(px.shape)}{fix}")
+    if not px.is_floating_point():
+        raise RewardError(f"reward {name!r}: pixels must be float in [0, 1], got dtype {px.dtype}; "
+                          "convert uint8 with x.float() / 255")
+    if px.numel():
+        lo, hi = float(px.min()), float(px.max())
+        if not (lo >= -_RANGE_TOL and hi <= 1 + _RANGE_TOL):
+            raise RewardError(f"reward {name!r}: pixels must lie in [0, 1], got range [{lo:.3g}, {hi:.3g}]; "
+                              "map [-1, 1] outputs with (x + 1) / 2 and clamp")
+    n = px.shape[0]
+    if len(batch.prompts) != n:
+        raise RewardError(f"reward {name!r}: {n} samples but {len(batch.prompts)} prompts")
+    if batch.group_ids.shape != (n,):
+        raise RewardError(f"reward {name!r}: group_ids must have shape ({n},), got {tuple(batch.group_ids.shape)}")
+    if batch.meta and len(batch.meta) != n:
+        raise RewardError(f"reward {name!r}: {n} samples but {len(batch.meta)} metadata dicts")
+
+
+def _as_vector(value: Any, n: int, name: str, key: str) -> Tensor:
+    try:
+        t = torch.as_tensor(value.detach() if isinstance(value, Tensor) else value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise RewardError(f"reward {name!r}: output {key!r} is not a tensor of numbers ({e})") from e
+    t = t.to(device="cpu", dtype=torch.float32)
+    if t.dim() == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.shape != (n,):
+        raise RewardError(f"reward {name!r}: output {key!r} must have shape ({n},) for a batch of {n}, "
+                          f"got {tuple(t.shape)}")
+    if torch.isinf(t).any():
+        raise RewardError(f"reward {name!r}: output {key!r} contains inf (use NaN for 'does not apply')")
+    return t
+
+
+def normalize_output(out: Any, n: int, name: str) -> dict[str, Tensor]:
+    """Turn a reward's return value into ``{"score": (n,), <aspect>: (n,)}`` float32 CPU tensors, or raise.
+
+    Accepts a (n,) tensor / list / array, or a mapping with a ``"score"`` key and optional sub-scores.
+    """
+    if isinstance(out, Mapping):
+        if "score" not in out:
+            raise RewardError(f"reward {name!r}: a dict output needs a 'score' key, got keys {sorted(out)}")
+        return {str(k): _as_vector(v, n, name, str(k)) for k, v in out.items()}
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        raise RewardError(f"reward {name!r}: returned a (scores, info) tuple (Flow-GRPO style); "
+                          "return scores or {'score': scores, ...} instead")
+    return {"score": _as_vector(out, n, name, "score")}
+
+
+def nanmean(x: Tensor, dim: int) -> Tensor:
+    """Mean over ``dim`` ignoring NaN; NaN where every entry is NaN."""
+    valid = ~torch.isnan(x)
+    total = torch.where(valid, x, torch.zeros_like(x)).sum(dim)
+    count = valid.sum(dim)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
