@@ -1,0 +1,44 @@
+"""Multi-reward balancers: rewards R (N, K) → one advantage per sample (N,).
+
+Every balancer module exposes a ``Config`` dataclass (anchor defaults) and
+
+    balance(R, group_ids, weights=None, state=None, cfg=None) -> (advantages (N,), diagnostics dict)
+
+R[:, k] is reward k (NaN = "does not apply to this sample", masked per reward); group_ids (N,) int; weights
+(K,) static reward weights (None → 1); state a dict the balancer may read and update in place (checkpoint it
+with the trainer; only MARBLE keeps anything). ``marble.balance`` also takes ``gram=`` (K×K reward-gradient
+Gram matrix, see ``marble.needs_gram``). Names resolve lazily through ``BALANCERS``; ``get_balancer(name)``
+returns the module-level ``(balance, Config)`` pair.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flowrl.registry import Registry
+
+BALANCERS = Registry(
+    "balancer",
+    {
+        "weighted_sum": "flowrl.balancers.weighted_sum:balance",
+        "gdpo": "flowrl.balancers.gdpo:balance",
+        "marble": "flowrl.balancers.marble:balance",
+        "sa_mrpo": "flowrl.balancers.sa_mrpo:balance",
+        "dara": "flowrl.balancers.dara:balance",
+        "gd2po": "flowrl.balancers.gd2po:balance",
+    },
+)
+
+
+@dataclass(frozen=True)
+class BalancerSpec:
+    name: str
+    balance: Callable[..., Any]
+    Config: type
+
+
+def get_balancer(name: str) -> BalancerSpec:
+    """The balance function of ``name`` and the ``Config`` class of its module."""
+    fn = BALANCERS.get(name)
+    return BalancerSpec(name, fn, getattr(sys.modules[fn.__module__], "Config"))

@@ -1,0 +1,37 @@
+"""GDPO — reward-decoupled normalisation (NVlabs/GDPO@41f74c5 trl grpo_trainer.py; reference B §5.2).
+
+Â_k = (R_k − mean_group R_k) / (std_group R_k + eps)     (torch std, unbiased; eps 1e-4)
+S   = Σ_k w_k Â_k,   A = BN(S) = (S − mean_all S) / (std_all S + eps)
+Deviation, named: GDPO applies ``nan_to_num`` to R (an inapplicable reward counts as 0); here a NaN reward is
+masked in its own column's statistics and contributes Â_k = 0 to S (rows with no applicable reward → NaN).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.advantages import batch_normalize
+from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+
+
+@dataclass
+class Config:
+    eps: float = 1e-4
+    unbiased: bool = True
+
+
+def decoupled_sum(R: Tensor, group_ids: Tensor, w: Tensor, cfg: Config) -> Tensor:
+    """S = Σ_k w_k Â_k with NaN entries contributing 0; NaN rows where no reward applies."""
+    A_k = per_reward_advantages(R, group_ids, std="group", eps=cfg.eps, unbiased=cfg.unbiased)
+    S = (torch.nan_to_num(A_k, nan=0.0) * w).sum(dim=1)
+    return torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
+
+
+def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
+            cfg: Config | None = None) -> tuple[Tensor, dict]:
+    cfg = cfg or Config()
+    w = check_inputs(R, group_ids, weights)
+    S = decoupled_sum(R, group_ids, w, cfg)
+    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), {"sum_std": torch.nan_to_num(S).std().detach()}
