@@ -1,0 +1,1 @@
+"""Prompt sets and the built-in shapes world."""
