@@ -1,0 +1,101 @@
+"""Advantage-Weighted Rectification — FlowAWR (Fuzm7/FlowAWR@05e993a scripts/train_awr_sd3.py,
+flow_grpo/stat_tracking.py ``update(exp=True)``) and VideoAWR (scripts/train_wan2_1_awr.py); reference B §2.3–2.4.
+
+Energies per prompt group of size k (``prepare_advantages``, on the whole epoch before micro-batching):
+    a_i = clip(A_i, −C, C)/τ,  p = softmax_group(a),  e_i = p_i − 1/k          (Σ_group e = 0)
+    E_i = e_i / max(std_group(e) + 1e-4, 1e-2)   if hard_gating (rule-based OCR / GenEval rewards)
+        = k·e_i                                  otherwise;      E_i = clip(E_i, −3, 3)
+Loss on the forward process of the stored x0 (x_t = (1−t)x0 + tε, v = ε − x0):
+    v_tgt = v_old + E·(v − v_old)   ⇔   x0_tgt = x̂0_old + E·(x0 − x̂0_old)
+    w     = sg(mean|x̂0_θ − x0|) ∨ 1e-5     (uses x0, not x0_tgt)
+    loss  = mean_B mean (x̂0_θ − x0_tgt)²/w + β_KL·mean|v_θ − v_ref|²
+i.e. the shared rectified regression with c = E, λ = t²/w. E = 0 regresses onto the rollout policy.
+VideoAWR: the old adapter samples WITH CFG (trainer) but the anchor v_old is unguided (``train_guidance=1.0``,
+``train.cfg=False``), and each rollout is trained at its own independently drawn σ
+(``timesteps.decoupled``: Decoupled Timestep Rectification). The group std of e is the population std
+(numpy, as the anchor's stat tracker) — an assumption where the source is not explicit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.regression import (
+    flow_target, forward_noise, mean_elems, rectified_regression, x0_abs_weight, x0_prediction,
+)
+from flowrl.types import LossOut
+
+NEEDS = "x0"
+
+
+@dataclass
+class Config:
+    beta_kl: float = 1e-4          # train.beta
+    adv_clip_max: float = 5.0
+    temperature: float = 1.0       # τ
+    hard_gating: bool = False      # True in the OCR / GenEval presets
+    energy_min: float = -3.0
+    energy_max: float = 3.0
+    train_guidance: float | None = 1.0   # unguided anchor and trainable forward
+    min_weight: float = 1e-5
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"awr temperature must be > 0, got {self.temperature}")
+
+
+def group_energies(adv: Tensor, cfg: Config | None = None) -> Tensor:
+    """Energies E (k,) of one group's finite advantages (module docstring)."""
+    cfg = cfg or Config()
+    k = adv.numel()
+    p = torch.softmax(adv.double().clamp(-cfg.adv_clip_max, cfg.adv_clip_max) / cfg.temperature, dim=0)
+    e = p - 1.0 / k
+    if cfg.hard_gating:
+        e = e / max(float(e.std(unbiased=False)) + 1e-4, 1e-2)
+    else:
+        e = k * e
+    return e.clamp(cfg.energy_min, cfg.energy_max).to(adv.dtype)
+
+
+def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
+    """Advantages (B,) → energies (B,) per prompt group; NaN advantages are left out of their group and stay NaN.
+    The trainer calls this on the full set of rollouts, before splitting it into micro-batches."""
+    if group_ids.shape != adv.shape:
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} must equal advantages shape {tuple(adv.shape)}")
+    out = torch.full_like(adv, float("nan"))
+    finite = torch.isfinite(adv)
+    for g in group_ids.unique():
+        idx = torch.nonzero((group_ids == g) & finite).flatten()
+        if idx.numel():
+            out[idx] = group_energies(adv[idx], cfg)
+    return out
+
+
+def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
+    """``batch.advantages`` holds the energies E (``prepare_advantages``)."""
+    cfg = cfg or Config()
+    batch.require("x0", "sigma", objective="awr")
+    x0 = batch.x0.float()
+    t = batch.sigma.float().to(x0.device)
+    eps = batch.forward_noise()
+    x_t, v = forward_noise(x0, eps, t), flow_target(x0, eps)
+    keep = batch.weights().to(x0.device)
+    energy = torch.nan_to_num(batch.advantages.float()).to(x0.device)
+    with torch.no_grad(), policy.adapter("old"):
+        v_old = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
+    with policy.adapter("train"):
+        v_theta = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
+    w = x0_abs_weight(x0_prediction(x_t, t, v_theta), x0, cfg.min_weight)
+    per = rectified_regression(v_theta, v_old, v, energy, t**2 / w)
+    policy_loss = masked_mean(per, keep)
+    total, metrics = policy_loss, {"policy_loss": policy_loss.detach(), "energy_abs": masked_mean(energy.abs(), keep)}
+    if cfg.beta_kl > 0:
+        with torch.no_grad(), policy.adapter(None):
+            v_ref = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
+        kl = masked_mean(mean_elems((v_theta - v_ref) ** 2), keep)
+        total = total + cfg.beta_kl * kl
+        metrics["kl"] = kl.detach()
+    return LossOut(total, metrics)

@@ -1,0 +1,129 @@
+"""Flow-GRPO / DanceGRPO — PPO-clip on the stored SDE transitions (Liu et al., arXiv 2505.05470,
+FG@9745241 scripts/train_sd3.py L870–905; Xue et al. DanceGRPO train_grpo_flux.py ``train_one_step``;
+reference A §1.5, §2.6).
+
+For each trained stored step j of sample i (x_j → x_{j+1} stored, σ_j → σ_{j+1}):
+    v_θ   = policy.velocity(x_j, σ_j, c, w)  under the "train" adapter (w = the rollout's CFG, or 1 for no-CFG)
+    μ_θ, s = kernel.step(x_j, v_θ, σ_j, σ_{j+1}, x_next=x_{j+1})   — the SAME kernel and Config as the rollout
+    log π_θ = kernel.log_prob(x_{j+1}, μ_θ, s)                     — the sampler's reduction (mean over elements)
+    r     = exp(log π_θ − log π_old),   A = clamp(A, −5, 5)
+    L_clip = mean_i max(−A·r, −A·clip(r, 1−ε, 1+ε))                 (ε = clip_range = 1e-4)
+    KL_j  = mean_i mean_elems(μ_θ − μ_ref)² / (2 g²)                (μ_ref: same step, adapters disabled)
+    loss  = mean_j (L_clip + β·KL_j)
+KL forms: ``flow_grpo`` divides by 2g² with g the diffusion coefficient WITHOUT √|dt| (g² = s²/|dt|) — Flow-GRPO's
+code, i.e. |dt|/D times the true KL; ``gaussian`` divides by 2s² (the per-element Gaussian KL); ``unscaled``
+drops the division (FlowCPS). β = 0.04 (Flow-GRPO SD3 GenEval/OCR; PickScore 0.01, FLUX and no-CFG configs 0;
+DanceGRPO has no KL). ``batch.steps`` chooses per-step (one index per call, Flow-GRPO's loop) or window
+training (several indices averaged in one call: MixGRPO).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.regression import mean_elems
+from flowrl.registry import import_string
+from flowrl.types import LossOut
+
+NEEDS = "trajectory"
+KL_FORMS = ("flow_grpo", "gaussian", "unscaled")
+
+
+@dataclass
+class Config:
+    clip_range: float = 1e-4
+    adv_clip_max: float = 5.0
+    beta_kl: float = 0.04
+    kl_form: str = "flow_grpo"
+    kernel: str = "flow_sde"          # samplers.KERNELS name or "module:attr"; batch.kernel wins when set
+    kernel_kwargs: dict = field(default_factory=dict)
+    log_prob_reduce: str = "mean"     # must match the rollout's
+    train_guidance: float | None = None   # None → the rollout's guidance (batch.guidance); 1.0 → no-CFG training
+
+    def __post_init__(self):
+        if self.kl_form not in KL_FORMS:
+            raise ValueError(f"grpo kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
+        if self.clip_range <= 0:
+            raise ValueError(f"grpo clip_range must be > 0, got {self.clip_range}")
+
+
+def resolve_kernel(name: str) -> Any:
+    """The kernel bundle (``.step``, ``.log_prob``, ``.Config``) of ``samplers.KERNELS`` or a ``module:attr``."""
+    if ":" in name:
+        kernel = import_string(name)
+    else:
+        import samplers
+
+        kernel = samplers.KERNELS.get(name)
+    for attr in ("step", "log_prob", "Config"):
+        if not hasattr(kernel, attr):
+            raise TypeError(f"kernel {name!r} has no {attr!r}; a kernel bundle provides step, log_prob and Config")
+    return kernel
+
+
+def clipped_surrogate(adv: Tensor, ratio: Tensor, clip_range: float) -> Tensor:
+    """Per-sample PPO-clip loss max(−A·r, −A·clip(r, 1−ε, 1+ε))."""
+    return torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range))
+
+
+def mean_kl(mean: Tensor, mean_ref: Tensor, std: Tensor, dt: Tensor, form: str) -> Tensor:
+    """Per-sample KL surrogate mean_elems(μ − μ_ref)² / (2·scale²) (module docstring). (B,)"""
+    sq = mean_elems((mean - mean_ref) ** 2)
+    if form == "unscaled":
+        return sq
+    var = std.float() ** 2
+    if form == "flow_grpo":
+        var = var / dt.abs()
+    return sq / (2 * var)
+
+
+def _step_terms(policy, batch: TrainBatch, j: int, kernel, kcfg, guidance, cfg: Config, adv: Tensor):
+    tr = batch.traj
+    x, xn, s, sn = tr.x[:, j].float(), tr.x_next[:, j].float(), tr.sigma[:, j].float(), tr.sigma_next[:, j].float()
+    with policy.adapter("train"):
+        v = policy.velocity(x, s, batch.cond, guidance)
+    out = kernel.step(x, v.float(), s, sn, x_next=xn, cfg=kcfg)
+    logp = kernel.log_prob(xn, out.mean, out.std, cfg.log_prob_reduce, kcfg)
+    log_ratio = logp - tr.log_prob[:, j].float()
+    ratio = torch.exp(log_ratio)
+    terms = {"policy": clipped_surrogate(adv, ratio, cfg.clip_range), "ratio": ratio.detach(),
+             "clipped": ((ratio - 1).abs() > cfg.clip_range).float(), "approx_kl": 0.5 * log_ratio.detach() ** 2}
+    if cfg.beta_kl > 0:
+        with torch.no_grad(), policy.adapter(None):
+            v_ref = policy.velocity(x, s, batch.cond, guidance)
+            mean_ref = kernel.step(x, v_ref.float(), s, sn, x_next=xn, cfg=kcfg).mean
+        terms["kl"] = mean_kl(out.mean, mean_ref, out.std, sn - s, cfg.kl_form)
+    return terms
+
+
+def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
+    cfg = cfg or Config()
+    batch.require("traj", objective="grpo")
+    kernel = resolve_kernel(batch.kernel or cfg.kernel)
+    kcfg = batch.kernel_cfg if batch.kernel_cfg is not None else kernel.Config(**cfg.kernel_kwargs)
+    n_stored = batch.traj.x.shape[1]
+    steps = list(range(n_stored)) if batch.steps is None else [int(j) for j in batch.steps]
+    if not steps or max(steps) >= n_stored or min(steps) < -n_stored:
+        raise ValueError(f"grpo: steps {steps} must index the {n_stored} stored steps")
+    guidance = cfg.train_guidance if cfg.train_guidance is not None else batch.guidance
+    keep = batch.weights().to(batch.traj.x.device)
+    adv = torch.nan_to_num(batch.advantages.float()).clamp(-cfg.adv_clip_max, cfg.adv_clip_max).to(keep.device)
+    sums: dict[str, Tensor] = {}
+    for j in steps:
+        for name, per in _step_terms(policy, batch, j, kernel, kcfg, guidance, cfg, adv).items():
+            sums[name] = sums.get(name, 0.0) + masked_mean(per, keep) / len(steps)
+    total = sums["policy"] + (cfg.beta_kl * sums["kl"] if "kl" in sums else 0.0)
+    metrics = {"policy_loss": sums["policy"].detach(), "ratio": sums["ratio"], "clipfrac": sums["clipped"],
+               "approx_kl": sums["approx_kl"]}
+    if "kl" in sums:
+        metrics["kl"] = sums["kl"].detach()
+    return LossOut(total, metrics)
+
+
+def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
+    """GRPO uses the advantages as they are (clipped inside ``loss``)."""
+    return adv
