@@ -1,0 +1,104 @@
+"""Video rewards: any image reward averaged over frames, and CLIP temporal consistency.
+
+    video_frame_mean:      r(v) = mean_f r_img(v_f)   over frames f = 0, s, 2s, …  (NaN frames skipped)
+    temporal_consistency:  r(v) = 1/(F'−1) Σ_f cos(E(v_f), E(v_{f+1}))   E = CLIP image embedding
+                           (the "subject/background consistency" style of VBench, with open_clip CLIP)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rewards.base import RewardInput, nanmean
+from rewards.preprocess import quantize_uint8
+
+
+@dataclass
+class FrameMeanConfig:
+    reward: str = "aesthetic"                          # any image reward: name or module:attr
+    kwargs: dict = field(default_factory=dict)         # its options
+    frame_stride: int = 1                              # score every s-th frame
+    batch_size: int | None = None                      # frames per call of the image reward
+
+
+class VideoFrameMean:
+    """Mean over (strided) frames of an image reward; sub-scores averaged the same way."""
+
+    Config = FrameMeanConfig
+    name = "video_frame_mean"
+    accepts = ("video",)
+
+    def __init__(self, cfg: FrameMeanConfig | None = None):
+        self.cfg = cfg or FrameMeanConfig()
+        if self.cfg.frame_stride < 1:
+            raise ValueError(f"frame_stride must be ≥ 1, got {self.cfg.frame_stride}")
+        self.inner = None
+
+    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
+        from rewards.build import build_reward
+
+        self.inner = build_reward(self.cfg.reward, self.cfg.kwargs, name=f"video_frame_mean[{self.cfg.reward}]",
+                                  device=device, dtype=dtype, batch_size=self.cfg.batch_size)
+        self.inner.setup()
+
+    def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
+        video = batch.pixels[:, :: self.cfg.frame_stride]
+        b, f = video.shape[:2]
+        frames = RewardInput(
+            pixels=video.reshape(b * f, *video.shape[2:]),
+            prompts=[p for p in batch.prompts for _ in range(f)],
+            group_ids=batch.group_ids.repeat_interleave(f),
+            meta=[m for m in batch.meta for _ in range(f)],
+        )
+        out = self.inner(frames)
+        return {k: nanmean(v.view(b, f), dim=1) for k, v in out.items()}
+
+
+@dataclass
+class TemporalConfig:
+    model_name: str = "ViT-L-14"
+    pretrained: str | None = "openai"
+    checkpoint: str | None = None
+    checkpoint_key: str | None = None
+    model_config: str | None = None
+    frame_stride: int = 1
+    quantize_uint8: bool = True
+
+
+def consecutive_cosine(emb: Tensor) -> Tensor:
+    """(B, F, D) unit embeddings → (B,) mean cosine of consecutive frames; NaN when F < 2."""
+    if emb.shape[1] < 2:
+        return torch.full(emb.shape[:1], float("nan"))
+    return (emb[:, 1:] * emb[:, :-1]).sum(-1).mean(1)
+
+
+class TemporalConsistency:
+    """Mean cosine similarity of consecutive frames' CLIP image embeddings (1 = static video)."""
+
+    Config = TemporalConfig
+    name = "temporal_consistency"
+    accepts = ("video",)
+
+    def __init__(self, cfg: TemporalConfig | None = None):
+        self.cfg = cfg or TemporalConfig()
+        self.model = None
+
+    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
+        from rewards.clip_openclip import load_open_clip
+
+        c = self.cfg
+        self.model, _ = load_open_clip(c.model_name, c.pretrained, c.checkpoint, c.checkpoint_key,
+                                       c.model_config, device, dtype)
+        self.device, self.dtype = device, dtype
+
+    def __call__(self, batch: RewardInput) -> Tensor:
+        from rewards.clip_openclip import clip_pixels, encode_images
+
+        video = batch.pixels[:, :: self.cfg.frame_stride].to(self.device)
+        b, f = video.shape[:2]
+        x = video.reshape(b * f, *video.shape[2:])
+        x = quantize_uint8(x) if self.cfg.quantize_uint8 else x
+        emb = encode_images(self.model, clip_pixels(self.model, x, self.dtype)).view(b, f, -1)
+        return consecutive_cosine(emb).cpu()
