@@ -1,0 +1,271 @@
+"""Periodic / offline evaluation: fixed prompts × fixed seeds, deterministic ODE sampling, per-image rewards,
+annotated grids, ``metrics.jsonl`` and an ``index.html`` gallery.
+
+Noise: sample (prompt p, seed s) starts from ``policy.noise([sample_generator(s, EVAL_ITERATION, p, 0)])``
+(``samplers.rng``), so every checkpoint and every policy of the same family sees the same starting noise, and
+before/after columns differ only by the weights. Sampling is the probability-flow ODE on the policy's own σ grid,
+Euler steps ``x' = x + (σ' − σ)·v`` (reference A §1.1, diffusers FlowMatchEulerDiscreteScheduler), CFG inside
+``policy.velocity``. The anchor evaluates the same way (ODE mode, ``eval_num_steps``; reference A §2.10) but keeps
+no local grids; here every evaluation writes files (reference E §3.6).
+
+Output layout of ``out_dir``::
+
+    grid_000.png | grid_000.mp4 | grid_000.gif   rows = prompts (``rows_per_page`` per page),
+                                                 columns = seeds × policies (seed-major: base|trained per seed)
+    metrics.jsonl                                one {"kind": "sample", ...} per image, then {"kind": "summary"}
+    index.html                                   the gallery
+    samples/<policy>/p0000_s0.png                each image / video alone (``save_samples=True``)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from flowrl.eval.gallery import GalleryEntry, write_gallery
+from flowrl.eval.grid import make_grid, to_uint8
+from flowrl.eval.media import VIDEO_FORMATS, save_png, save_video
+from flowrl.eval.sample import EVAL_ITERATION, ode_sample
+from flowrl.types import Cond
+
+__all__ = ["run_eval", "EvalResult", "eval_metric_names"]
+
+PolicySpec = Any  # a Policy, or (Policy, adapter name) to sample under ``policy.adapter(name)``
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced, in memory.
+
+    tiles:  {policy label: uint8 (P, S, [F,] h, w, 3)} (downscaled to ``max_tile``).
+    scores: {policy label: {score name: (P, S) float32}} (NaN = reward does not apply).
+    """
+
+    tiles: dict[str, np.ndarray]
+    scores: dict[str, dict[str, Tensor]]
+
+
+def _unpack(spec: PolicySpec):
+    """(policy, a function returning a fresh context that selects the adapter)."""
+    if isinstance(spec, tuple):
+        policy, name = spec
+        return policy, lambda: policy.adapter(name)
+    return spec, contextlib.nullcontext
+
+
+def _score(rewards, pixels: Tensor, prompts: list[str], metas: list[dict], group_ids: Tensor) -> dict[str, Tensor]:
+    """Per-image scores ``{name: (n,)}`` from a RewardSet, a mapping name → reward callable, or None."""
+    if rewards is None:
+        return {}
+    from rewards.base import make_input, normalize_output
+
+    batch = make_input(pixels.float().clamp(0, 1), prompts, group_ids, metas)
+    if isinstance(rewards, Mapping):
+        out = {}
+        for name, fn in rewards.items():
+            for key, val in normalize_output(fn(batch), len(prompts), name).items():
+                out[name if key == "score" else f"{name}/{key}"] = val
+        return out
+    result = rewards(batch)  # RewardSet → RewardScores
+    out = {n: result.scores[:, k] for k, n in enumerate(result.names)}
+    out.update(result.sub_scores)
+    if len(result.names) > 1:
+        out["total"] = result.total
+    return out
+
+
+def _shrink(pixels: Tensor, max_tile: int | None) -> Tensor:
+    """Downscale (area, antialiased) so the longer side is ≤ max_tile; grids only, rewards see full size."""
+    h, w = pixels.shape[-2:]
+    if max_tile is None or max(h, w) <= max_tile:
+        return pixels
+    scale = max_tile / max(h, w)
+    size = (max(1, round(h * scale)), max(1, round(w * scale)))
+    flat = pixels.reshape(-1, 3, h, w).float()
+    out = torch.nn.functional.interpolate(flat, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return out.reshape(*pixels.shape[:-2], *size).clamp(0, 1)
+
+
+@torch.no_grad()
+def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[dict], seeds: Sequence[int],
+             rewards, *, steps: int, guidance: float | None, height: int, width: int, num_frames: int | None,
+             batch_size: int, max_tile: int | None, on_sample: Callable | None = None
+             ) -> tuple[np.ndarray, dict[str, Tensor]]:
+    """Sample every (prompt, seed) of one policy; returns uint8 tiles (P, S, ...) and scores {name: (P, S)}."""
+    policy, adapter_ctx = _unpack(policy_spec)
+    P, S = len(prompts), len(seeds)
+    pairs = [(p, j) for p in range(P) for j in range(S)]
+    w = policy.default_guidance if guidance is None else guidance
+    tiles: list[np.ndarray] = []
+    score_rows: dict[str, list[Tensor]] = {}
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        texts = [prompts[p] for p, _ in chunk]
+        gens = [_generator(seeds[j], p) for p, j in chunk]
+        with adapter_ctx():
+            cond: Cond = policy.encode(texts, cfg=w > 1)
+            x1 = policy.noise(gens, height, width, num_frames)
+            latents = ode_sample(policy, x1, cond, steps, w)
+            pixels = policy.decode(latents).float()
+        scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
+                        torch.tensor([p for p, _ in chunk]))
+        for k, v in scores.items():
+            score_rows.setdefault(k, []).append(v.float().cpu())
+        small = to_uint8(_shrink(pixels, max_tile))
+        tiles.extend(small)
+        if on_sample is not None:
+            for i, (p, j) in enumerate(chunk):
+                on_sample(p, seeds[j], pixels[i], {k: float(v[i]) for k, v in scores.items()})
+    stacked = np.stack(tiles).reshape(P, S, *tiles[0].shape)
+    return stacked, {k: torch.cat(v).reshape(P, S) for k, v in score_rows.items()}
+
+
+def _generator(seed: int, prompt_idx: int) -> torch.Generator:
+    from samplers.rng import sample_generator
+
+    return sample_generator(int(seed), EVAL_ITERATION, int(prompt_idx), 0)
+
+
+def eval_metric_names(labels: Sequence[str], score_names: Sequence[str]) -> dict[tuple[str, str], str]:
+    """(policy label, score) → logged name prefix: ``eval/<score>`` for one policy, else
+    ``eval/<label>/<score>``."""
+    single = len(labels) == 1
+    return {(lab, n): (f"eval/{n}" if single else f"eval/{lab}/{n}") for lab in labels for n in score_names}
+
+
+def _summary(scores: dict[str, dict[str, Tensor]]) -> dict[str, float]:
+    labels = list(scores)
+    names = sorted({n for s in scores.values() for n in s})
+    out = {}
+    for (lab, n), prefix in eval_metric_names(labels, names).items():
+        v = scores[lab].get(n)
+        if v is None:
+            continue
+        ok = v.flatten()[~torch.isnan(v.flatten())]
+        out[f"{prefix}/mean"] = ok.mean().item() if ok.numel() else math.nan
+        out[f"{prefix}/std"] = ok.std(unbiased=False).item() if ok.numel() else math.nan
+    return out
+
+
+def _caption(scores: dict[str, Tensor], p: int, j: int, main: Sequence[str]) -> str:
+    return "  ".join(f"{n}={scores[n][p, j].item():.3g}" for n in main if n in scores)
+
+
+def write_grids(result: EvalResult, prompts: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
+                rows_per_page: int = 8, video_format: str = "mp4", fps: int = 8) -> list[GalleryEntry]:
+    """Pages of rows_per_page prompts; columns (seed j, policy l) seed-major; returns gallery entries."""
+    labels = list(result.tiles)
+    main = sorted({n for s in result.scores.values() for n in s if "/" not in n})
+    cols = [(j, lab) for j in range(len(seeds)) for lab in labels]
+    col_labels = [f"seed {seeds[j]} · {lab}" if len(labels) > 1 else f"seed {seeds[j]}" for j, lab in cols]
+    entries = []
+    for page, r0 in enumerate(range(0, len(prompts), rows_per_page)):
+        rows = list(range(r0, min(r0 + rows_per_page, len(prompts))))
+        tiles = np.stack([np.stack([result.tiles[lab][p, j] for j, lab in cols]) for p in rows])
+        captions = [[_caption(result.scores[lab], p, j, main) for j, lab in cols] for p in rows]
+        row_labels = [f"{p + 1}. {prompts[p]}" for p in rows]
+        canvas = make_grid(tiles, row_labels, col_labels, captions if main else None,
+                           caption_lines=max(1, min(4, math.ceil(len(main) / 2))))
+        if canvas.ndim == 4:
+            file = save_video(canvas, out_dir / f"grid_{page:03d}.{video_format}", fps=fps)
+        else:
+            file = save_png(canvas, out_dir / f"grid_{page:03d}.png")
+        entries.append(GalleryEntry(file.name, f"prompts {rows[0] + 1}–{rows[-1] + 1}",
+                                    [prompts[p] for p in rows], col_labels, first_row=rows[0] + 1))
+    return entries
+
+
+def _write_jsonl(path: Path, result: EvalResult, prompts, seeds, summary: dict, step: int | None) -> None:
+    with open(path, "w") as f:
+        for lab, scores in result.scores.items():
+            for p in range(len(prompts)):
+                for j, seed in enumerate(seeds):
+                    vals = {n: _finite(v[p, j].item()) for n, v in scores.items()}
+                    f.write(json.dumps({"kind": "sample", "step": step, "policy": lab, "prompt_idx": p,
+                                        "prompt": prompts[p], "seed": int(seed), "scores": vals}) + "\n")
+        f.write(json.dumps({"kind": "summary", "step": step,
+                            "metrics": {k: _finite(v) for k, v in summary.items()}}) + "\n")
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _sample_writer(root: Path, label: str, video_format: str, fps: int):
+    folder = root / "samples" / label.replace("/", "_")
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def write(p: int, seed: int, pixels: Tensor, scores: dict) -> None:
+        arr = to_uint8(pixels)
+        if arr.ndim == 4:
+            save_video(arr, folder / f"p{p:04d}_s{seed}.{video_format}", fps=fps)
+        else:
+            save_png(arr, folder / f"p{p:04d}_s{seed}.png")
+    return write
+
+
+def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: Sequence[dict] | None,
+             seeds: Sequence[int], rewards, out_dir: str | Path, *, steps: int = 20, guidance: float | None = None,
+             height: int = 512, width: int = 512, num_frames: int | None = None, batch_size: int = 8,
+             rows_per_page: int = 8, max_tile: int | None = 512, video_format: str = "mp4", fps: int = 8,
+             step: int | None = None, title: str | None = None, save_samples: bool = False) -> dict[str, float]:
+    """Evaluate each policy on prompts × seeds and write grids, metrics.jsonl and index.html into ``out_dir``.
+
+    policies: label → Policy, or label → (Policy, adapter name) e.g. {"base": (p, None), "trained": (p, "train")}.
+    rewards:  a ``rewards.RewardSet``, a mapping name → reward callable, or None (grids without scores).
+    guidance: CFG / distilled guidance scale; None → each policy's ``default_guidance``.
+    Returns the summary metrics to log: ``eval/<score>/{mean,std}`` (one policy) or
+    ``eval/<label>/<score>/{mean,std}`` (several).
+    """
+    _check_args(policies, prompts, metas, seeds, video_format, batch_size)
+    metas = list(metas) if metas is not None else [{} for _ in prompts]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tiles, scores = {}, {}
+    for label, spec in policies.items():
+        writer = _sample_writer(out, label, video_format, fps) if save_samples else None
+        tiles[label], scores[label] = generate(
+            spec, prompts, metas, seeds, rewards, steps=steps, guidance=guidance, height=height, width=width,
+            num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=writer)
+    result = EvalResult(tiles, scores)
+    summary = _summary(scores)
+    entries = write_grids(result, prompts, seeds, out, rows_per_page=rows_per_page, video_format=video_format,
+                          fps=fps)
+    _write_jsonl(out / "metrics.jsonl", result, prompts, seeds, summary, step)
+    table = {lab: {n: _nanmean(v) for n, v in s.items()} for lab, s in scores.items()}
+    heading = title or ("evaluation" + (f" at step {step}" if step is not None else ""))
+    notes = [f"{len(prompts)} prompts × seeds {list(seeds)}; {steps} ODE steps, guidance "
+             f"{'policy default' if guidance is None else guidance}, {height}×{width}"
+             + (f"×{num_frames} frames" if num_frames else "")]
+    write_gallery(out, heading, entries, table, notes)
+    return summary
+
+
+def _nanmean(v: Tensor) -> float:
+    ok = v[~torch.isnan(v)]
+    return ok.mean().item() if ok.numel() else math.nan
+
+
+def _check_args(policies, prompts, metas, seeds, video_format, batch_size) -> None:
+    if not policies:
+        raise ValueError("run_eval: no policies given; pass e.g. {'trained': policy}")
+    if not prompts:
+        raise ValueError("run_eval: the prompt list is empty")
+    if not seeds:
+        raise ValueError("run_eval: no seeds given; pass e.g. seeds=[0, 1]")
+    if metas is not None and len(metas) != len(prompts):
+        raise ValueError(f"run_eval: {len(metas)} metadata dicts for {len(prompts)} prompts")
+    if video_format not in VIDEO_FORMATS:
+        raise ValueError(f"run_eval: video_format {video_format!r}; choose one of {VIDEO_FORMATS}")
+    if batch_size < 1:
+        raise ValueError(f"run_eval: batch_size must be >= 1, got {batch_size}")
+    bad = [lab for lab in policies if not lab or "/" in lab]
+    if bad:
+        raise ValueError(f"run_eval: policy labels {bad} must be non-empty and contain no '/'")
