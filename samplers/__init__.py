@@ -1,0 +1,28 @@
+"""Denoising samplers: pure tensor math and rollout engines. Knows a velocity function, not a model.
+
+Imports only torch and flowrl.types (plus flowrl.registry here). Kernels and windows are reached by name:
+
+    >>> from samplers import KERNELS, WINDOWS
+    >>> k = KERNELS.get("flow_sde"); out = k.step(x, v, sigma, sigma_next, noise, cfg=k.config(noise_level=0.9))
+    >>> plan = WINDOWS.get("sliding")().plan(iteration, num_steps)
+
+See docs/samplers.md for the equations, the log-prob normalisation choice and how to add a kernel.
+"""
+from flowrl.registry import Registry
+
+KERNELS = Registry("sampler kernel", {
+    "ode": "samplers.ode:KERNEL",
+    "flow_sde": "samplers.flow_sde:KERNEL",
+    "dance_sde": "samplers.dance_sde:KERNEL",
+    "cps": "samplers.cps:KERNEL",
+})
+
+WINDOWS = Registry("step window", {
+    "all": "samplers.windows:AllSteps",
+    "fixed": "samplers.windows:FixedSteps",
+    "random": "samplers.windows:RandomWindow",
+    "sliding": "samplers.windows:SlidingWindow",
+    "merged": "samplers.windows:MergedStep",
+})
+
+__all__ = ["KERNELS", "WINDOWS"]

@@ -1,0 +1,52 @@
+"""DanceGRPO constant-η SDE step (Xue et al. 2025, arXiv 2505.07818; reference A §1.3, C §0(a)).
+
+    dσ = σ' − σ < 0,  Δ = −dσ,  x̂0 = x − σ·v,  score = −(x − (1−σ)·x̂0)/σ²  (= −x̂1/σ)
+    μ  = x + dσ·(v − ½η²·score)  = x + dσ·[v + η²/(2σ)·x̂1]
+    x' = μ + η·sqrt(Δ)·ε,   std s = η·sqrt(Δ)
+
+The same drift family as Flow-GRPO with a constant diffusion coefficient g ≡ η (η = 0.3 in the launch scripts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.types import StepOut
+from samplers.kernel import Kernel, as_f32, bcast, check_pair, finish, per_sample
+from samplers.log_prob import gaussian_log_prob
+
+
+@dataclass
+class Config:
+    noise_level: float = 0.3   # η (DanceGRPO FLUX/Qwen/Wan scripts; 0.25 for HunyuanVideo)
+
+    def __post_init__(self):
+        if self.noise_level < 0:
+            raise ValueError(f"dance_sde noise_level (η) must be >= 0, got {self.noise_level}")
+
+
+def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, noise: Tensor | None = None,
+         *, x_next: Tensor | None = None, cfg: Config | None = None) -> StepOut:
+    """One DanceGRPO SDE step σ → σ' (equations in the module docstring)."""
+    cfg = cfg or Config()
+    x, v, noise = as_f32(x, v, noise)
+    check_pair(x, v, noise if x_next is None else x_next, "noise" if x_next is None else "x_next")
+    s, sn = per_sample(sigma, x), per_sample(sigma_next, x)
+    if bool((s <= 0).any()):
+        raise ValueError("dance_sde: σ must be > 0 (the score divides by σ²); the last step to σ=0 should be ODE")
+    ds = sn - s
+    eta = cfg.noise_level
+    x1_hat = x + bcast(1 - s, x) * v
+    mean = x + bcast(ds, x) * (v + bcast(eta**2 / (2 * s), x) * x1_hat)
+    std = eta * torch.sqrt(-ds)
+    return finish(mean, std, x, noise, None if x_next is None else x_next.float())
+
+
+def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean", cfg: Config | None = None) -> Tensor:
+    """Normalised Gaussian log-density (:func:`samplers.log_prob.gaussian_log_prob`)."""
+    return gaussian_log_prob(x_next, mean, std, reduce)
+
+
+KERNEL = Kernel("dance_sde", Config, step, log_prob)

@@ -1,0 +1,78 @@
+"""The step-kernel bundle and the broadcasting helpers every kernel shares.
+
+A kernel is a pure function ``step(x, v, sigma, sigma_next, noise=None, *, x_next=None, cfg) -> StepOut``
+plus a ``log_prob(x_next, mean, std, reduce, cfg)`` that scores a transition.  The rollout engine calls
+``step`` with fresh ``noise``; the objective calls ``step`` again with the stored ``x_next`` (so the
+mean is recomputed under the current weights) and the same ``log_prob``, so rollout-time and
+training-time log-probs come from one function.  All math runs in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from flowrl.types import StepOut
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A registered step kernel: its name, ``Config`` class, ``step`` and ``log_prob`` functions.
+
+    stochastic: False for the deterministic ODE step (which has no log-prob).
+    """
+
+    name: str
+    Config: type
+    step: Callable[..., StepOut]
+    log_prob: Callable[..., Tensor]
+    stochastic: bool = True
+
+    def config(self, **overrides: Any):
+        """``Config(**overrides)`` with a clear error for an unknown key."""
+        known = set(self.Config.__dataclass_fields__)
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise TypeError(f"kernel {self.name!r}: unknown config key(s) {bad}; known: {sorted(known)}")
+        return self.Config(**overrides)
+
+
+def per_sample(sigma: Tensor | float, x: Tensor) -> Tensor:
+    """σ as a float32 (B,) tensor on x's device; accepts a Python float, a 0-d or a (B,) tensor."""
+    b = x.shape[0]
+    s = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
+    if s.dim() == 0:
+        return s.expand(b)
+    if s.shape != (b,):
+        raise ValueError(f"sigma must be a scalar or shaped (B,)=({b},), got {tuple(s.shape)}; "
+                         "pass one σ per sample")
+    return s
+
+
+def bcast(t: Tensor, x: Tensor) -> Tensor:
+    """A (B,) tensor viewed as (B, 1, 1, ...) to broadcast against x."""
+    return t.view(t.shape[0], *([1] * (x.dim() - 1)))
+
+
+def as_f32(*ts: Tensor | None) -> list[Tensor | None]:
+    """Each tensor upcast to float32 (None passes through)."""
+    return [None if t is None else t.to(torch.float32) for t in ts]
+
+
+def check_pair(x: Tensor, v: Tensor, other: Tensor | None, what: str) -> None:
+    """Shapes of x, v and noise / x_next must agree."""
+    if v.shape != x.shape:
+        raise ValueError(f"velocity shape {tuple(v.shape)} != latents shape {tuple(x.shape)}")
+    if other is not None and other.shape != x.shape:
+        raise ValueError(f"{what} shape {tuple(other.shape)} != latents shape {tuple(x.shape)}")
+
+
+def finish(mean: Tensor, std: Tensor, x: Tensor, noise: Tensor | None, x_next: Tensor | None) -> StepOut:
+    """x_next = given x_next, else mean + std·noise (mean when noise is None)."""
+    if noise is not None and x_next is not None:
+        raise ValueError("pass either noise (to sample) or x_next (to score a stored step), not both")
+    if x_next is None:
+        x_next = mean if noise is None else mean + bcast(std, x) * noise
+    return StepOut(x_next, mean, std)
