@@ -1,0 +1,50 @@
+"""Streaming-video DMD distillation (Self-Forcing DMD, Stream-R1, RMD, ODE init) — see docs/distill.md.
+
+    accelerate launch scripts/distill.py --config configs/distill/tiny.yaml [key=value ...]
+
+Resumes from the newest checkpoint in ``output_dir`` unless ``--no-resume``; ``--sample out.mp4`` streams one
+video from the EMA student at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="YAML recipe, e.g. configs/distill/tiny.yaml")
+    ap.add_argument("--no-resume", action="store_true", help="start fresh even if output_dir has checkpoints")
+    ap.add_argument("--iterations", type=int, default=None, help="stop after this many iterations (total)")
+    ap.add_argument("--sample", default="", help="write a streamed MP4 from the EMA student at the end")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr_generator=1e-5")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    from flowrl.distill.config import load_config
+    from flowrl.distill.trainer import DistillTrainer
+    from flowrl.logging import MetricsLogger
+
+    cfg = load_config(args.config, args.overrides)
+    trainer = DistillTrainer(cfg)
+    start = 0 if args.no_resume else trainer.resume()
+    logger = MetricsLogger(cfg.output_dir, trainer.acc.is_main_process, tensorboard=False,
+                           resume_step=start - 1 if start else None)
+    history = trainer.fit(args.iterations, logger)
+    logger.close()
+    out = {"start_step": start, "end_step": trainer.step, "last": history[-1] if history else {}}
+    if args.sample and trainer.acc.is_main_process:
+        from flowrl.distill.sample import write_stream
+
+        with trainer.ema_student() as student:
+            out["sample"] = write_stream(student, trainer.roles, cfg, cfg.prompt_list()[:1], args.sample)
+    if trainer.acc.is_main_process:
+        print(json.dumps(out, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    main()
