@@ -54,3 +54,197 @@ class Policy(Protocol):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters the optimizer updates (the "train" LoRA adapter, or all transformer weights)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared mechanics for the diffusers-backed policies (sd3, flux, wan). One level of inheritance;
+# the weight switching itself is composed (``weights.TransformerWeights``).
+# --------------------------------------------------------------------------------------------------
+
+
+def cfg_combine(v_cond: Tensor, v_uncond: Tensor, scale: float) -> Tensor:
+    """Classifier-free guidance  v = v_u + w·(v_c − v_u)  (Ho & Salimans 2022; every diffusers pipeline)."""
+    return v_uncond + scale * (v_cond - v_uncond)
+
+
+def sigma_batch(sigma: Tensor | float, batch: int, device: torch.device) -> Tensor:
+    """σ as a (B,) float32 tensor on ``device`` (accepts a scalar, a 0-d or a (B,) tensor)."""
+    s = torch.as_tensor(sigma, dtype=torch.float32, device=device)
+    if s.dim() == 0:
+        s = s.expand(batch)
+    if s.shape != (batch,):
+        raise ValueError(f"sigma must be a scalar or shaped ({batch},) for a batch of {batch}, got {tuple(s.shape)}")
+    return s
+
+
+def scheduler_sigmas(scheduler_config: dict, num_steps: int, mu: float | None = None,
+                     sigmas: Sequence[float] | None = None) -> Tensor:
+    """The (num_steps + 1,) σ grid diffusers' FlowMatchEulerDiscreteScheduler(**config).set_timesteps gives.
+
+    Static shift σ ↦ sσ/(1 + (s − 1)σ) or, with ``use_dynamic_shifting``, e^μ/(e^μ + (1/σ − 1)) (SD3 paper
+    §5.3.2; FLUX resolution-dependent shift); computed by the pure functions of ``samplers.schedule``.
+    """
+    from samplers.schedule import flow_match_sigmas
+
+    unsupported = [k for k in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas")
+                   if scheduler_config.get(k)]
+    if unsupported:
+        raise NotImplementedError(f"scheduler config sets {unsupported}; flowrl supports the plain/shifted flow-match "
+                                  "grid only. Remove these keys from the scheduler config.")
+    return flow_match_sigmas(
+        num_steps, shift=scheduler_config.get("shift", 1.0),
+        use_dynamic_shifting=bool(scheduler_config.get("use_dynamic_shifting", False)), mu=mu, sigmas=sigmas,
+        num_train_timesteps=scheduler_config.get("num_train_timesteps", 1000),
+        time_shift_type=scheduler_config.get("time_shift_type", "exponential"),
+        shift_terminal=scheduler_config.get("shift_terminal"))
+
+
+def resolve_guidance(guidance: float | None, default: float, cond: Cond) -> tuple[float, bool]:
+    """(w, use_cfg). ``None`` means the family default when ``cond`` has an uncond part, else 1 (no CFG);
+    an explicit w > 1 without an uncond part is an error."""
+    if guidance is None:
+        guidance = default if cond.uncond is not None else 1.0
+    if guidance > 1.0 and cond.uncond is None:
+        raise ValueError(f"guidance {guidance} > 1 needs the unconditional embeddings: encode the prompts with "
+                         "cfg=True, or pass guidance=1.0")
+    return float(guidance), guidance > 1.0
+
+
+class PolicyBase:
+    """Adapter switching, trainable parameters, noise and checkpointing shared by the diffusers policies.
+
+    Subclasses set ``self.weights`` (a ``TransformerWeights``), ``self.device``, ``self.dtype`` and implement
+    ``latent_shape``/``encode``/``sigmas``/``velocity``/``decode``.
+    """
+
+    family: str = ""
+    default_guidance: float = 1.0
+    default_noise_level: float = 0.7
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The trainable transformer (with its LoRA adapters when in LoRA mode)."""
+        return self.weights.transformer
+
+    def adapter(self, name: str | None):
+        """``with policy.adapter("old"):`` — velocity runs adapter "train" | "old" | None (frozen base)."""
+        return self.weights.use(name)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return self.weights.trainable_parameters()
+
+    def adapter_parameters(self, name: str = "train") -> list[nn.Parameter]:
+        """Parameters of adapter ``name`` ("train" | "old"), in a fixed order shared by both."""
+        return self.weights.parameters(name)
+
+    def copy_adapter(self, src: str = "train", dst: str = "old") -> None:
+        """dst ← src (e.g. old ← train at the start of an on-policy iteration)."""
+        self.weights.copy(src, dst)
+
+    def soft_update_adapter(self, decay: float, src: str = "train", dst: str = "old") -> None:
+        """dst ← decay·dst + (1 − decay)·src."""
+        self.weights.soft_update(decay, src, dst)
+
+    def adapter_state_dict(self, name: str = "train") -> dict[str, Tensor]:
+        return self.weights.state_dict(name)
+
+    def load_adapter_state_dict(self, state: dict[str, Tensor], name: str = "train") -> None:
+        self.weights.load_state_dict(state, name)
+
+    def save_adapter(self, path, name: str = "train") -> None:
+        """Adapter ``name`` → safetensors file ``path``."""
+        self.weights.save(path, name)
+
+    def load_adapter(self, path, name: str = "train") -> None:
+        """safetensors file ``path`` → adapter ``name`` (a "train" file may be loaded into "old" too)."""
+        self.weights.load(path, name)
+
+    def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute transformer activations in backward (diffusers' per-block checkpointing)."""
+        if enabled:
+            self.transformer.enable_gradient_checkpointing()
+        else:
+            self.transformer.disable_gradient_checkpointing()
+
+    def noise(self, generators: Sequence[torch.Generator], height: int, width: int,
+              num_frames: int | None = None) -> Tensor:
+        """Starting noise (B, *latent_shape) float32; row b ~ N(0, I) from ``generators[b]`` alone.
+
+        Drawn on each generator's device and moved, exactly like diffusers' ``randn_tensor`` with a list.
+        """
+        if len(generators) == 0:
+            raise ValueError("noise() needs one torch.Generator per sample; got an empty list")
+        shape = (1, *self.latent_shape(height, width, num_frames))
+        rows = [torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators]
+        return torch.cat(rows).to(self.device)
+
+    def _transformer_module(self) -> nn.Module:
+        return self.weights.module()
+
+    # ---- construction helpers shared by the diffusers families ---------------------------------------
+    def _setup(self, components: dict, config, device, dtype) -> None:
+        """Place components, wrap the transformer's weights (LoRA / full-FT), keep VAE and scheduler config."""
+        from flowrl.policies.weights import TransformerWeights
+
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype or components["transformer"].dtype
+        self.default_guidance = config.guidance
+        self.default_noise_level = config.noise_level
+        for c in components.values():
+            if isinstance(c, nn.Module):
+                c.to(self.device).eval().requires_grad_(False)
+        if components["transformer"].dtype != self.dtype:
+            components["transformer"].to(self.dtype)
+        self.vae = components["vae"]
+        self.scheduler_config = dict(components["scheduler"].config)
+        self.weights = TransformerWeights(components["transformer"], config.lora, config.keep_base)
+        if config.gradient_checkpointing:
+            self.enable_gradient_checkpointing()
+
+    def save_pretrained(self, directory):
+        """Diffusers pipeline layout (base transformer, no LoRA tensors) + ``adapters/<name>.safetensors``
+        ("train" and "old" with LoRA; the trained weights are the saved transformer in full fine-tune, plus
+        "old") + ``flowrl_policy.json``. ``from_pretrained(directory)`` restores all of it."""
+        from dataclasses import asdict
+
+        from flowrl.policies import components as comp
+
+        parts = {k: v for k, v in self.pipe.components.items() if v is not None and k in self.spec}
+        out = comp.save_components(directory, self.pipeline_class, parts, self.weights.base_state_dict())
+        comp.write_policy_config(out, {"family": self.family, "config": asdict(self.config)})
+        for name in self._saved_weight_names():
+            self.weights.save(comp.adapter_path(out, name), name)
+        return out
+
+    @classmethod
+    def _saved_config(cls, path):
+        """The policy Config stored by ``save_pretrained`` in ``path`` (None for hub ids / plain pipelines)."""
+        from flowrl.policies import components as comp
+
+        saved = comp.read_policy_config(path)
+        if saved is None:
+            return None
+        if saved.get("family") != cls.family:
+            raise ValueError(f"{path} holds a {saved.get('family')!r} policy, not {cls.family!r}; "
+                             f"load it with the {saved.get('family')!r} policy class")
+        fields = dict(saved["config"])
+        if fields.get("lora") is not None:
+            from flowrl.policies.lora import LoraConfig
+
+            lc = dict(fields["lora"])
+            fields["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in lc.items()})
+        return cls.config_class(**fields)
+
+    def _saved_weight_names(self) -> list[str]:
+        return ["train", "old"] if self.weights.is_lora else ["old"]
+
+    def _load_saved_adapters(self, path) -> None:
+        from flowrl.policies import components as comp
+
+        if not comp.is_local(path):
+            return
+        for name in self._saved_weight_names():
+            file = comp.adapter_path(path, name)
+            if file.is_file():
+                self.weights.load(file, name)

@@ -1,0 +1,231 @@
+"""LoRA *named* adapters on a transformer through peft: a trainable "train" and a sampling "old" adapter.
+
+Both adapters live in the same peft tuner layers; switching changes which one the forward pass adds,
+never copies weights. ``None`` means the frozen base (all adapters disabled). peft's ``set_adapter``
+marks the activated adapter trainable, so every switch here re-applies the one rule of flowrl:
+only the "train" adapter's parameters require grad.
+
+Defaults are Flow-GRPO's (reference A §2.4, ``FG:scripts/train_sd3.py`` L418–437): r=32, α=64,
+gaussian init (A ~ N(0, 1/r), B = 0, so a fresh adapter equals the base), SD3 attention targets.
+Adapter parameters are kept in float32 whatever the base dtype (Flow-GRPO casts trainable params to fp32).
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+TRAIN = "train"
+OLD = "old"
+PREFIX = "flowrl_"   # peft keys adapters in ModuleDicts; "train" would clash with nn.Module.train
+
+
+def peft_name(name: str) -> str:
+    """The adapter's key inside peft (``flowrl_<name>``); flowrl code always uses the plain name."""
+    return PREFIX + name
+
+SD3_TARGETS = ("to_k", "to_q", "to_v", "to_out.0", "add_k_proj", "add_q_proj", "add_v_proj", "to_add_out")
+FLUX_TARGETS = SD3_TARGETS + ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2")
+WAN_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA hyper-parameters (defaults: Flow-GRPO SD3, reference A §2.4)."""
+
+    rank: int = 32
+    alpha: int = 64
+    target_modules: tuple[str, ...] = SD3_TARGETS
+    init: str = "gaussian"
+    dropout: float = 0.0
+    names: tuple[str, ...] = field(default=(TRAIN, OLD))
+
+    def to_peft(self):
+        from peft import LoraConfig as PeftLoraConfig
+
+        return PeftLoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.target_modules),
+                              init_lora_weights=self.init, lora_dropout=self.dropout)
+
+
+def tuner_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every peft tuner layer in ``model``."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """Names of the adapters injected into ``model`` (in injection order)."""
+    names: list[str] = []
+    for _, m in tuner_layers(model):
+        for a in m.lora_A.keys():
+            plain = a[len(PREFIX):] if a.startswith(PREFIX) else a
+            if plain not in names:
+                names.append(plain)
+    return names
+
+
+def _check_name(model: nn.Module, name: str) -> None:
+    known = adapter_names(model)
+    if name not in known:
+        raise KeyError(f"LoRA adapter {name!r} not found on {type(model).__name__}; known adapters: {known}. "
+                       f"Add it with add_adapters(model, LoraConfig(names=(..., {name!r}))).")
+
+
+def adapter_named_parameters(model: nn.Module, name: str) -> dict[str, nn.Parameter]:
+    """The parameters of adapter ``name``, keyed without the adapter name (portable between adapters).
+
+    Key: ``<module path>.<lora_A|lora_B|...>.<param>``, e.g. ``transformer_blocks.0.attn.to_q.lora_A.weight``.
+    """
+    _check_name(model, name)
+    out: dict[str, nn.Parameter] = {}
+    for mod_name, m in tuner_layers(model):
+        for layer_name in m.adapter_layer_names:
+            store = getattr(m, layer_name)
+            if peft_name(name) not in store:
+                continue
+            item = store[peft_name(name)]
+            if isinstance(item, nn.Parameter):
+                out[f"{mod_name}.{layer_name}"] = item
+            else:
+                for pn, p in item.named_parameters():
+                    out[f"{mod_name}.{layer_name}.{pn}"] = p
+    return out
+
+
+def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
+    """Adapter ``name``'s parameters in a fixed order (the order of ``adapter_named_parameters``)."""
+    return list(adapter_named_parameters(model, name).values())
+
+
+def set_trainable(model: nn.Module, trainable: str | None = TRAIN) -> None:
+    """requires_grad = True for adapter ``trainable`` only; every other adapter (and the base) frozen."""
+    for name in adapter_names(model):
+        for p in adapter_parameters(model, name):
+            p.requires_grad_(name == trainable)
+
+
+def add_adapters(model: nn.Module, config: LoraConfig) -> None:
+    """Inject adapters ``config.names`` (first = trainable), initialise all equal to the first, activate it.
+
+    The base weights are frozen; adapters are float32.
+    """
+    from peft import inject_adapter_in_model
+
+    if not config.names:
+        raise ValueError("LoraConfig.names is empty; give at least the trainable adapter name, e.g. ('train', 'old').")
+    model.requires_grad_(False)
+    with warnings.catch_warnings():  # peft warns that a second adapter is being added: that is the point here
+        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+        for name in config.names:
+            inject_adapter_in_model(config.to_peft(), model, adapter_name=peft_name(name))
+    if not tuner_layers(model):
+        raise ValueError(f"LoRA target_modules {config.target_modules} matched no layer of {type(model).__name__}; "
+                         "check the module names (model.named_modules()).")
+    for name in config.names:
+        for p in adapter_parameters(model, name):
+            p.data = p.data.float()
+    for name in config.names[1:]:
+        copy_adapter(model, config.names[0], name)
+    activate(model, config.names[0], trainable=config.names[0])
+
+
+def activate(model: nn.Module, name: str | None, trainable: str | None = TRAIN) -> None:
+    """Make adapter ``name`` the one the forward pass uses (None: base, adapters disabled); re-freeze grads."""
+    if name is not None:
+        _check_name(model, name)
+    for _, m in tuner_layers(model):
+        if name is None:
+            m.enable_adapters(False)
+        else:
+            m.set_adapter(peft_name(name))
+            m.enable_adapters(True)
+    set_trainable(model, trainable)
+
+
+def active_adapter(model: nn.Module) -> str | None:
+    """The adapter the forward pass uses now, or None when adapters are disabled."""
+    layers = tuner_layers(model)
+    if not layers or layers[0][1].disable_adapters:
+        return None
+    return layers[0][1].active_adapters[0][len(PREFIX):]
+
+
+@torch.no_grad()
+def copy_adapter(model: nn.Module, src: str, dst: str) -> None:
+    """dst ← src, parameter by parameter."""
+    for p_dst, p_src in zip(adapter_parameters(model, dst), adapter_parameters(model, src), strict=True):
+        p_dst.copy_(p_src)
+
+
+@torch.no_grad()
+def soft_update(dst: list[Tensor], src: list[Tensor], decay: float) -> None:
+    """dst ← decay·dst + (1 − decay)·src  (Flow-GRPO / DiffusionNFT "old" policy update, reference B §2)."""
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"soft_update decay must be in [0, 1], got {decay}")
+    for d, s in zip(dst, src, strict=True):
+        d.mul_(decay).add_(s.to(d.dtype), alpha=1.0 - decay)
+
+
+def adapter_state_dict(model: nn.Module, name: str) -> dict[str, Tensor]:
+    """Detached copies of adapter ``name``'s parameters (keys without the adapter name)."""
+    return {k: p.detach().clone() for k, p in adapter_named_parameters(model, name).items()}
+
+
+@torch.no_grad()
+def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, Tensor]) -> None:
+    """Copy ``state`` into adapter ``name``; keys must match exactly (clear error otherwise)."""
+    params = adapter_named_parameters(model, name)
+    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise KeyError(f"adapter state for {name!r} does not match the model: missing {missing[:5]}"
+                       f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                       f"{'...' if len(unexpected) > 5 else ''}. Was it saved from a model with the same "
+                       "LoRA rank and target_modules?")
+    for k, p in params.items():
+        if state[k].shape != p.shape:
+            raise ValueError(f"adapter tensor {k!r}: saved shape {tuple(state[k].shape)} != model {tuple(p.shape)}")
+        p.copy_(state[k])
+
+
+def save_state(path: str | Path, state: dict[str, Tensor], meta: dict | None = None) -> None:
+    """Write a tensor dict as safetensors (contiguous CPU copies), with json ``meta`` in the header."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(tensors, str(path), metadata={"flowrl": json.dumps(meta or {})})
+
+
+def load_state(path: str | Path) -> dict[str, Tensor]:
+    """Read a safetensors tensor dict written by ``save_state``."""
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"adapter file not found: {path}")
+    return load_file(str(path))
+
+
+def save_adapter(model: nn.Module, name: str, path: str | Path, config: LoraConfig | None = None) -> None:
+    """Save adapter ``name`` to ``path`` (.safetensors) with its LoRA config in the header."""
+    save_state(path, adapter_state_dict(model, name), {"lora": asdict(config) if config else None})
+
+
+def load_adapter(model: nn.Module, name: str, path: str | Path) -> None:
+    """Load a file written by ``save_adapter`` into adapter ``name`` (any adapter name may receive it)."""
+    load_adapter_state_dict(model, name, load_state(path))
+
+
+def base_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict as it was before LoRA injection (no lora tensors, ``base_layer.`` removed)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if ".lora_" in k:
+            continue
+        out[k.replace(".base_layer.", ".")] = v
+    return out

@@ -1,0 +1,150 @@
+"""Tiny, offline components for SD3, FLUX and Wan: the same classes as the real models, built from config objects.
+
+Sizes follow diffusers' own pipeline tests (reference D §3.3: ``get_dummy_components`` of
+``test_pipeline_stable_diffusion_3.py``, ``test_pipeline_flux.py``, ``test_wan.py``); the hub-only pieces are
+replaced as reference D §3.3 verified: T5/UMT5 encoders from ``T5Config``/``UMT5Config`` with d_model 32, and
+tokenizers trained here with the ``tokenizers`` library on an in-memory corpus (no download).
+
+CLIP-like tokenizer: specials ``<|startoftext|>, <|pad|>, <|endoftext|>, <|unk|>`` → ids 0/1/2/3, matching
+``CLIPTextConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2)``. (With eos id 2 transformers' CLIP pools the
+argmax token id — the legacy rule — which is fine for tests but not a meaningful sentence embedding.)
+T5-like tokenizer: ``<pad>, </s>, <unk>`` → 0/1/2, post-processor ``$A </s>``.
+"""
+from __future__ import annotations
+
+import torch
+
+CORPUS_WORDS = (
+    "a an the one two three four five six of and with on in left right above below next to near photo "
+    "painting picture video image red green blue yellow orange purple pink black white gray brown small big large "
+    "circle square triangle star cross heart ring shape shapes cat dog bird horse car tree house person squirrel "
+    "eating burger dance monkey walking running sitting standing negative blurry low quality bright dark sky "
+    "beach city street forest river mountain sunset night day is are there"
+)
+
+
+def _corpus() -> list[str]:
+    words = CORPUS_WORDS.split()
+    return [" ".join(words[i:i + 8]) for i in range(0, len(words))] + words
+
+
+def _train_bpe(specials: list[str], unk: str, vocab_size: int):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                           show_progress=False))
+    return tok
+
+
+def clip_tokenizer(vocab_size: int = 1000, model_max_length: int = 77):
+    """CLIP-like BPE tokenizer (bos/pad/eos = 0/1/2), as a transformers fast tokenizer."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|startoftext|>", "<|pad|>", "<|endoftext|>", "<|unk|>"]
+    tok = _train_bpe(specials, "<|unk|>", vocab_size)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", 0), ("<|endoftext|>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], pad_token=specials[1],
+                                   eos_token=specials[2], unk_token=specials[3], model_max_length=model_max_length)
+
+
+def t5_tokenizer(vocab_size: int = 1000, model_max_length: int = 512):
+    """T5-like BPE tokenizer (pad/eos/unk = 0/1/2, ``$A </s>``), as a transformers fast tokenizer."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    tok = _train_bpe(specials, "<unk>", vocab_size)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=model_max_length)
+
+
+def clip_text_config():
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(bos_token_id=0, eos_token_id=2, hidden_size=32, intermediate_size=37, layer_norm_eps=1e-05,
+                          num_attention_heads=4, num_hidden_layers=5, pad_token_id=1, vocab_size=1000,
+                          hidden_act="gelu", projection_dim=32)
+
+
+def t5_encoder(umt5: bool = False):
+    """T5 (or UMT5) encoder with d_model 32 (reference D §3.3: diffusers' allegro test config, d_model → 32)."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    kw = dict(d_ff=37, d_kv=8, d_model=32, num_decoder_layers=2, num_heads=4, num_layers=2,
+              relative_attention_num_buckets=8, vocab_size=1103, pad_token_id=0, eos_token_id=1,
+              decoder_start_token_id=0)
+    model = UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))
+    return model.eval()
+
+
+def sd3_components(seed: int = 0) -> dict:
+    """StableDiffusion3Pipeline components (diffusers test sizes; latent 4 channels, VAE factor 1)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+    from transformers import CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=4, num_layers=1,
+                                        attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
+                                        joint_attention_dim=32, pooled_projection_dim=64, out_channels=4)
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModelWithProjection(clip_text_config())
+    torch.manual_seed(seed + 1)
+    text_encoder_2 = CLIPTextModelWithProjection(clip_text_config())
+    torch.manual_seed(seed)
+    text_encoder_3 = t5_encoder()
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
+                        latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.0609, scaling_factor=1.5035)
+    return {"transformer": transformer, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+            "text_encoder": text_encoder.eval(), "text_encoder_2": text_encoder_2.eval(),
+            "text_encoder_3": text_encoder_3, "tokenizer": clip_tokenizer(), "tokenizer_2": clip_tokenizer(),
+            "tokenizer_3": t5_tokenizer()}
+
+
+def flux_components(seed: int = 0) -> dict:
+    """FluxPipeline components (diffusers test sizes, plus guidance_embeds=True like FLUX.1-dev)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=32, axes_dims_rope=[4, 4, 8], guidance_embeds=True)
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModel(clip_text_config())
+    torch.manual_seed(seed)
+    text_encoder_2 = t5_encoder()
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
+                        latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.0609, scaling_factor=1.5035)
+    # FLUX.1-dev scheduler config: dynamic (resolution-dependent) shift
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    return {"transformer": transformer, "vae": vae, "scheduler": scheduler, "text_encoder": text_encoder.eval(),
+            "text_encoder_2": text_encoder_2, "tokenizer": clip_tokenizer(), "tokenizer_2": t5_tokenizer()}
+
+
+def wan_components(seed: int = 0) -> dict:
+    """WanPipeline components (diffusers test sizes; UMT5 like the real Wan2.1; VAE factors 4 (time) / 8)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                        in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                        num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                        rope_max_seq_len=32)
+    torch.manual_seed(seed)
+    text_encoder = t5_encoder(umt5=True)
+    return {"transformer": transformer, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),
+            "text_encoder": text_encoder, "tokenizer": t5_tokenizer()}

@@ -1,0 +1,41 @@
+"""Shared helpers: reconstruct the velocity a diffusers pipeline used from its Euler steps."""
+import pytest
+import torch
+
+
+def pipeline_step_velocities(pipe, latents, num_steps=2, **call_kwargs):
+    """Run ``pipe`` for ``num_steps`` steps from ``latents``; return (sigmas, xs, vs) where xs[i] are the
+    latents entering step i and vs[i] the (guided) velocity the pipeline handed to ``scheduler.step`` there.
+
+    The scheduler instance's ``step`` is wrapped to record its inputs; the Euler update itself is checked
+    too: x_{i+1} = x_i + (σ_{i+1} − σ_i)·v_i."""
+    xs, vs, outs = [], [], []
+    step = pipe.scheduler.step
+
+    def recording_step(model_output, timestep, sample, *a, **kw):
+        xs.append(sample.clone())
+        vs.append(model_output.clone())
+        out = step(model_output, timestep, sample, *a, **kw)
+        outs.append(out[0].clone())
+        return out
+
+    pipe.scheduler.step = recording_step
+    try:
+        pipe.set_progress_bar_config(disable=True)
+        pipe(latents=latents.clone(), num_inference_steps=num_steps, output_type="latent", **call_kwargs)
+    finally:
+        del pipe.scheduler.step
+    sig = pipe.scheduler.sigmas.float()
+    for i in range(num_steps):
+        expected = xs[i].float() + (sig[i + 1] - sig[i]) * vs[i].float()
+        torch.testing.assert_close(outs[i].float(), expected, atol=1e-6, rtol=1e-6)
+    return sig, xs, vs
+
+
+def generators(n, seed=0):
+    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+
+
+@pytest.fixture
+def gens():
+    return generators

@@ -1,0 +1,162 @@
+"""LoRA named adapters ("train", "old", base) and the full fine-tune fallback, on a small attention-like MLP."""
+import pytest
+import torch
+from torch import nn
+
+from flowrl.policies import lora
+from flowrl.policies.lora import LoraConfig
+from flowrl.policies.weights import TransformerWeights
+
+
+class Attn(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.to_out = nn.ModuleList([nn.Linear(d, d)])
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.to_out[0](self.to_q(x) * torch.sigmoid(self.to_k(x)) + self.to_v(self.norm(x)))
+
+
+def make(lora_config=LoraConfig(rank=4, alpha=8), keep_base=True, seed=0):
+    torch.manual_seed(seed)
+    return TransformerWeights(Attn(), lora_config, keep_base)
+
+
+def run(w, x):
+    return w.module()(x)
+
+
+def grad_flags(w):
+    names = w.names()
+    return {n: [p.requires_grad for p in w.parameters(n)] for n in names if n is not None}
+
+
+def perturb(params, scale, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def test_fresh_adapters_equal_base_and_only_train_requires_grad():
+    w, x = make(), torch.randn(3, 8)
+    with w.use(None):
+        base = run(w, x)
+    for name in ("train", "old"):
+        with w.use(name):
+            torch.testing.assert_close(run(w, x), base, atol=0, rtol=0)
+    flags = grad_flags(w)
+    assert all(flags["train"]) and not any(flags["old"])
+    assert not any(p.requires_grad for n, p in w.transformer.named_parameters() if "lora_" not in n)
+    assert all(p.dtype == torch.float32 for p in w.trainable_parameters())
+
+
+def test_changing_train_changes_only_train():
+    w, x = make(), torch.randn(3, 8)
+    before = {}
+    for name in ("train", "old", None):
+        with w.use(name):
+            before[name] = run(w, x)
+    perturb(w.parameters("train"), 0.1)
+    with w.use("train"):
+        assert (run(w, x) - before["train"]).abs().max() > 1e-3
+    for name in ("old", None):
+        with w.use(name):
+            torch.testing.assert_close(run(w, x), before[name], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("sequence", [["old"], [None], ["old", None, "train"], [None, "old"]])
+def test_only_train_requires_grad_after_any_switch(sequence):
+    w = make()
+    for name in sequence:
+        with w.use(name):
+            flags = grad_flags(w)
+            assert all(flags["train"]) and not any(flags["old"])
+            assert lora.active_adapter(w.transformer) == name
+    flags = grad_flags(w)
+    assert all(flags["train"]) and not any(flags["old"])
+    assert lora.active_adapter(w.transformer) == "train"
+
+
+def test_context_restores_on_error():
+    w = make()
+    with pytest.raises(RuntimeError):
+        with w.use("old"):
+            raise RuntimeError("boom")
+    assert w.active == "train" and lora.active_adapter(w.transformer) == "train"
+
+
+def test_unknown_adapter_is_a_clear_error():
+    w = make()
+    with pytest.raises(KeyError, match="choose one of"):
+        with w.use("ref"):
+            pass
+
+
+def test_soft_update_and_copy_closed_form():
+    w = make()
+    perturb(w.parameters("train"), 0.3, seed=2)
+    perturb(w.parameters("old"), 0.3, seed=3)
+    old0 = [p.detach().clone() for p in w.parameters("old")]
+    train0 = [p.detach().clone() for p in w.parameters("train")]
+    w.soft_update(0.9)
+    for o, o0, t0 in zip(w.parameters("old"), old0, train0):
+        torch.testing.assert_close(o, 0.9 * o0 + 0.1 * t0, atol=1e-7, rtol=1e-6)
+    for t, t0 in zip(w.parameters("train"), train0):
+        assert torch.equal(t, t0)
+    w.copy("train", "old")
+    assert all(torch.equal(o, t) for o, t in zip(w.parameters("old"), w.parameters("train")))
+    with pytest.raises(ValueError, match="decay"):
+        w.soft_update(1.5)
+
+
+def test_save_load_adapter_exact(tmp_path):
+    w = make()
+    perturb(w.parameters("train"), 0.2)
+    w.save(tmp_path / "a.safetensors", "train")
+    other = make(seed=5)
+    other.load(tmp_path / "a.safetensors", "old")
+    for a, b in zip(w.parameters("train"), other.parameters("old")):
+        assert torch.equal(a, b)
+    state = w.state_dict("train")
+    assert all(".lora_" in k and "flowrl_" not in k for k in state)
+    wrong = make(LoraConfig(rank=2, alpha=4))
+    with pytest.raises(ValueError, match="shape"):
+        wrong.load(tmp_path / "a.safetensors", "train")
+
+
+def test_base_state_dict_is_the_uninjected_model():
+    torch.manual_seed(0)
+    plain = Attn()
+    w = make(seed=0)
+    perturb(w.parameters("train"), 0.5)
+    clean = w.base_state_dict()
+    assert clean.keys() == plain.state_dict().keys()
+    assert all(torch.equal(clean[k], v) for k, v in plain.state_dict().items())
+
+
+def test_target_modules_that_match_nothing():
+    with pytest.raises(ValueError, match="add_k_proj"):
+        make(LoraConfig(target_modules=("add_k_proj",)))
+
+
+def test_full_finetune_mode():
+    w, x = make(lora_config=None), torch.randn(3, 8)
+    assert w.trainable_parameters() == list(w.transformer.parameters())
+    assert all(p.requires_grad for p in w.trainable_parameters())
+    perturb(w.trainable_parameters(), 0.1)
+    with w.use(None):
+        base = run(w, x)
+        assert not any(p.requires_grad for p in w.module().parameters())
+    with w.use("old"):
+        torch.testing.assert_close(run(w, x), base)
+    assert (run(w, x) - base).abs().max() > 1e-3
+    w.soft_update(0.5)
+    with w.use("old"):
+        assert (run(w, x) - base).abs().max() > 1e-4
+    no_base = make(lora_config=None, keep_base=False)
+    with pytest.raises(KeyError, match="keep_base"):
+        with no_base.use(None):
+            pass
