@@ -1,0 +1,68 @@
+"""DARA — density-aware reweighting by inverse-sqrt active-group density (zhaihaotian/DARA@0459102
+math/rdgdpo/advantages.py, @54024d0 docs/ALGORITHMS.md; reference B §5.4):
+
+    active[p,k] = Σ_g |Â_k[p,g]| > τ   (τ = 1e-8),     π_k = mean_p active[p,k]
+    w_k = min(w_max, sqrt(max_j π_j / π_k))  if π_k > 0 else 1          (w_max = 5)
+    sym:  S = Σ_k w_k Â_k
+    asym: S = Σ_k [ Â_k + (w_k − 1)·max(Â_k, 0) ]     (main variant: amplify positive advantages only)
+    A = BN(S)   (GDPO normalisation, unbiased std, eps 1e-6)
+Â_k: group mean / unbiased group std (eps 1e-6). π_k averages over the groups where reward k applies (NaN rewards
+masked). Static ``weights`` scale Â_k first (DARA itself has none; default 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.advantages import batch_normalize
+from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+
+
+@dataclass
+class Config:
+    variant: str = "asym"     # "asym" (main) | "sym"
+    w_max: float = 5.0
+    tau: float = 1e-8
+    eps: float = 1e-6
+    unbiased: bool = True
+
+
+def active_density(A_k: Tensor, group_ids: Tensor, tau: float) -> Tensor:
+    """π_k (K,): the fraction of groups (where reward k applies) whose advantages are not all ~0."""
+    inv = torch.unique(group_ids, return_inverse=True)[1]
+    n = int(inv.max()) + 1
+    K = A_k.shape[1]
+    pi = torch.zeros(K, dtype=torch.float64)
+    for k in range(K):
+        col = A_k[:, k].double()
+        fin = torch.isfinite(col)
+        mass = torch.zeros(n, dtype=torch.float64).index_add_(0, inv[fin], col[fin].abs())
+        applies = torch.zeros(n, dtype=torch.bool).index_put_((inv[fin],), torch.ones_like(inv[fin], dtype=torch.bool))
+        if applies.any():
+            pi[k] = (mass[applies] > tau).double().mean()
+    return pi
+
+
+def density_weights(pi: Tensor, w_max: float) -> Tensor:
+    """w_k = min(w_max, sqrt(max π / π_k)), 1 where π_k = 0."""
+    top = pi.max()
+    return torch.where(pi > 0, (top / pi.clamp(min=1e-300)).sqrt().clamp(max=w_max), torch.ones_like(pi))
+
+
+def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
+            cfg: Config | None = None) -> tuple[Tensor, dict]:
+    cfg = cfg or Config()
+    if cfg.variant not in ("asym", "sym"):
+        raise ValueError(f"dara variant must be 'asym' or 'sym', got {cfg.variant!r}")
+    w_static = check_inputs(R, group_ids, weights).double()
+    A_k = per_reward_advantages(R, group_ids, std="group", eps=cfg.eps, unbiased=cfg.unbiased).double()
+    pi = active_density(A_k, group_ids, cfg.tau)
+    w = density_weights(pi, cfg.w_max)
+    A0 = torch.nan_to_num(A_k, nan=0.0) * w_static
+    S = (A0 * w).sum(1) if cfg.variant == "sym" else (A0 + (w - 1) * A0.clamp(min=0)).sum(1)
+    S = torch.where(any_finite(R), S.to(R.dtype), torch.full((R.shape[0],), float("nan"), dtype=R.dtype))
+    diag = {f"density_{k}": pi[k].float() for k in range(R.shape[1])}
+    diag.update({f"weight_{k}": w[k].float() for k in range(R.shape[1])})
+    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag

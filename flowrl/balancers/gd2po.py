@@ -1,0 +1,67 @@
+"""GD²PO — conflict-aware masking and query reweighting (Qwen-Applications/GD2PO@f1ad765
+tool-calling/verl/trainer/ppo/ray_trainer.py; reference B §5.5), per rollout i with per-reward advantages
+a_k = Â_k (group mean / unbiased group std, eps 1e-4; NaN → 0):
+
+    conflict_i = (∃k a_k > 1e-8) ∧ (∃k a_k < −1e-8)
+    hard  (gdpo_filter_group_ratio):               keep_i = ¬conflict_i
+    ratio (gdpo_filter_ratio_conflict_group_ratio): ρ_i = Σ_k a_k / (Σ_k |a_k| + 1e-8); keep_i = ¬(conflict_i ∧ |ρ_i| < τ)
+    q_p = (#kept in group p) / G_p,     S_i = q_p · Σ_k w_k a_k
+    A = masked_whiten(S, keep) = (S − mean_kept S) / sqrt(var_kept S + 1e-8)  on kept rollouts, 0 on dropped
+τ = 0.2 (the config default; the scripts use 0.8). verl's masked variance is unbiased. A rollout with no
+applicable reward is dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+
+
+@dataclass
+class Config:
+    mode: str = "ratio"       # "hard" | "ratio"
+    tau: float = 0.2
+    eps: float = 1e-4
+    unbiased: bool = True
+
+
+def keep_mask(a: Tensor, cfg: Config) -> Tensor:
+    """(N,) bool: rollouts whose per-reward advantages a (N, K) do not conflict (or agree strongly enough)."""
+    conflict = (a > 1e-8).any(1) & (a < -1e-8).any(1)
+    if cfg.mode == "hard":
+        return ~conflict
+    if cfg.mode == "ratio":
+        rho = a.sum(1) / (a.abs().sum(1) + 1e-8)
+        return ~(conflict & (rho.abs() < cfg.tau))
+    raise ValueError(f"gd2po mode must be 'hard' or 'ratio', got {cfg.mode!r}")
+
+
+def masked_whiten(x: Tensor, keep: Tensor, shift_mean: bool = True) -> Tensor:
+    """(x − mean_keep x)·rsqrt(var_keep x + 1e-8) on kept entries (unbiased var), 0 elsewhere (verl)."""
+    v = x[keep]
+    if v.numel() == 0:
+        return torch.zeros_like(x)
+    mean = v.mean()
+    var = v.var(unbiased=True) if v.numel() > 1 else torch.zeros((), dtype=x.dtype)
+    out = (x - mean if shift_mean else x) * torch.rsqrt(var + 1e-8)
+    return torch.where(keep, out, torch.zeros_like(out))
+
+
+def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
+            cfg: Config | None = None) -> tuple[Tensor, dict]:
+    cfg = cfg or Config()
+    w = check_inputs(R, group_ids, weights).double()
+    a = torch.nan_to_num(per_reward_advantages(R, group_ids, std="group", eps=cfg.eps,
+                                               unbiased=cfg.unbiased).double(), nan=0.0)
+    keep = keep_mask(a, cfg) & any_finite(R)
+    inv = torch.unique(group_ids, return_inverse=True)[1]
+    n = int(inv.max()) + 1
+    kept = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, keep.double())
+    size = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, torch.ones_like(keep, dtype=torch.float64))
+    q = (kept / size)[inv]
+    S = q * (a * w).sum(1)
+    adv = masked_whiten(S, keep).to(R.dtype)
+    return adv, {"drop_frac": 1 - keep.double().mean().float(), "keep": keep}
