@@ -40,6 +40,15 @@ class RunSection:
 
 
 @dataclass
+class PolicyLoad:
+    """Where a policy's weights come from; accepted by every ``policy: {kind: ...}`` besides its own Config."""
+
+    path: str | None = None           # hub id or local dir; None → the family's default (toy: the shipped checkpoint)
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"   # transformer / text encoders; VAE stays fp32
+    tiny: bool = False                # build the family's tiny random preset (tests, dry runs; no download)
+
+
+@dataclass
 class DataSection:
     train: str = "shapes:train"       # prompt set: registered name ("shapes:train"), a .txt (one per line) or .jsonl
     eval: str = "shapes:heldout"      # held-out prompts for accuracy / reward before-after
@@ -94,11 +103,11 @@ def build_rewards(data: Any, where: str, source: Source | None) -> dict:
 
 @dataclass
 class AdvantageSection:
-    """Group statistics (ref A §2.6): A = (r − mean_group r) / (std + 1e-4); std over the group or the batch."""
+    """Rewards R (N, K) → advantages (N,) by the tagged ``balancer`` (its Config holds the std mode: Flow-GRPO's
+    A = (r − mean_group r) / (std + 1e-4), std over the batch or the group, ref A §2.6), then |A| ≤ clip."""
 
-    std: Literal["group", "global", "none"] = "global"
-    clip: float | None = 5.0          # |A| ≤ clip (Flow-GRPO adv_clip_max)
-    balancer: Any = plugin_field(BALANCERS, "weighted_sum")   # how K rewards become one advantage
+    balancer: Any = plugin_field(BALANCERS, "weighted_sum")
+    clip: float | None = 5.0          # Flow-GRPO / NFT adv_clip_max
 
 
 @dataclass
@@ -114,9 +123,11 @@ class TrainSection:
     weight_decay: float = 1.0e-4
     eps: float = 1.0e-8
     max_grad_norm: float = 1.0
-    finetune: Literal["lora", "full"] = "lora"
-    old_update: Literal["copy", "nft", "delayed"] = "copy"   # π_old after each iteration (ref B §1.6)
+    old_update: Literal["on_policy", "nft", "nft_ocr", "marble", "awm"] = "on_policy"  # π_old decay (ref B §1.6)
+    timesteps: Literal["permuted", "decoupled", "stratified"] = "permuted"  # forward-process objectives' σ
+    timestep_fraction: float = 0.99   # share of the schedule trained (NFT 0.99; VideoAWR decoupled 0.51)
     ema_decay: float | None = 0.9     # eval EMA of the trainable weights (None: off); warm-up min((1+s)/(10+s), d)
+    ema_every: int = 8                # optimizer steps between EMA updates (Flow-GRPO 8; NFT 1)
     gradient_checkpointing: bool = False
     max_skipped: int = 10             # stop after this many consecutive non-finite updates
 
@@ -157,7 +168,7 @@ class LogSection:
 @dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
-    policy: Any = plugin_field(POLICIES, "toy")
+    policy: Any = plugin_field(POLICIES, "toy", common=PolicyLoad)
     data: DataSection = field(default_factory=DataSection)
     sampler: SamplerSection = field(default_factory=SamplerSection)
     rewards: dict = field(default_factory=dict, metadata={"build": build_rewards})

@@ -49,18 +49,21 @@ class Plugin:
 
     kind: str
     config: Any = None
+    common: Any = None    # settings every plugin of this section takes (e.g. a policy's path and dtype)
 
     def __getattr__(self, name: str) -> Any:  # cfg.objective.clip_range reads through to the plugin's Config
-        if name.startswith("__") or name in ("kind", "config"):
+        if name.startswith("__") or name in ("kind", "config", "common"):
             raise AttributeError(name)
-        if self.config is None or not hasattr(self.config, name):
-            raise AttributeError(f"{self.kind!r} config has no field {name!r}")
-        return getattr(self.config, name)
+        for part in (self.common, self.config):
+            if part is not None and hasattr(part, name):
+                return getattr(part, name)
+        raise AttributeError(f"{self.kind!r} config has no field {name!r}")
 
 
-def plugin_field(registry: str, default: str | None, **kw) -> Any:
-    """A dataclass field holding a ``Plugin`` resolved through ``registry`` ("package:ATTR"); ``default`` kind."""
-    return field(default=None, metadata={"registry": registry, "default_kind": default, **kw})
+def plugin_field(registry: str, default: str | None, common: type | None = None) -> Any:
+    """A dataclass field holding a ``Plugin`` resolved through ``registry`` ("package:ATTR"); ``default`` kind.
+    ``common``: a dataclass of keys every plugin of the section accepts besides its own Config's."""
+    return field(default=None, metadata={"registry": registry, "default_kind": default, "common": common})
 
 
 class Source:
@@ -108,8 +111,10 @@ def plugin_config_class(obj: Any) -> type | None:
     return cls if (cls is not None and is_dataclass(cls)) else None
 
 
-def build_plugin(registry: str, data: Any, where: str, source: Source | None, default_kind: str | None) -> Plugin:
-    """Resolve a ``{kind: name, ...}`` section through ``registry`` and build the plugin's Config strictly."""
+def build_plugin(registry: str, data: Any, where: str, source: Source | None, default_kind: str | None,
+                 common: type | None = None) -> Plugin:
+    """Resolve a ``{kind: name, ...}`` section through ``registry`` and build the plugin's Config strictly
+    (keys of the ``common`` dataclass are split off first and built into ``Plugin.common``)."""
     if isinstance(data, str):
         data = {"kind": data}
     if data is None:
@@ -120,6 +125,10 @@ def build_plugin(registry: str, data: Any, where: str, source: Source | None, de
     kind = data.pop("kind", default_kind)
     if kind is None:
         raise _err("missing 'kind'", where, source)
+    shared = None
+    if common is not None:
+        names = {f.name for f in fields(common)}
+        shared = from_dict(common, {k: data.pop(k) for k in list(data) if k in names}, where, source)
     reg = resolve_registry(registry)
     try:
         obj = reg.get(str(kind))
@@ -129,8 +138,8 @@ def build_plugin(registry: str, data: Any, where: str, source: Source | None, de
     if cls is None:
         if data:
             raise _err(f"{kind!r} takes no settings, got {sorted(data)}", where, source)
-        return Plugin(str(kind), None)
-    return Plugin(str(kind), from_dict(cls, data, where, source))
+        return Plugin(str(kind), None, shared)
+    return Plugin(str(kind), from_dict(cls, data, where, source), shared)
 
 
 def _type_name(tp: Any) -> str:
@@ -223,9 +232,11 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
             kwargs[name] = f.metadata["build"](data.get(name), key, source)
         elif "registry" in f.metadata:
             kwargs[name] = build_plugin(f.metadata["registry"], data.get(name), key, source,
-                                        f.metadata["default_kind"])
+                                        f.metadata["default_kind"], f.metadata.get("common"))
         elif name in data:
             kwargs[name] = convert(hints[name], data[name], key, source)
+        elif is_dataclass(hints[name]) and f.default is MISSING:   # nested section: its plugin defaults resolve
+            kwargs[name] = from_dict(hints[name], {}, key, source)
         elif f.default is MISSING and f.default_factory is MISSING:
             raise _err("required key is missing", key, source)
     try:
@@ -237,7 +248,10 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
 def to_dict(obj: Any) -> Any:
     """A plain YAML-ready structure; a Plugin becomes ``{kind, **its config}``."""
     if isinstance(obj, Plugin):
-        return {"kind": obj.kind, **(to_dict(obj.config) if obj.config is not None else {})}
+        out = {"kind": obj.kind}
+        for part in (obj.common, obj.config):
+            out.update(to_dict(part) if part is not None else {})
+        return out
     if is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, (list, tuple)):
@@ -316,7 +330,11 @@ def replace_nested(obj: Any, **changes) -> Any:
     for head, sub in groups.items():
         direct[head] = replace_nested(getattr(obj, head), **sub)
     if isinstance(obj, Plugin):
-        return Plugin(obj.kind, dataclasses.replace(obj.config, **direct))
+        names = {f.name for f in fields(obj.common)} if obj.common is not None else set()
+        shared = {k: v for k, v in direct.items() if k in names}
+        own = {k: v for k, v in direct.items() if k not in names}
+        common = dataclasses.replace(obj.common, **shared) if shared else obj.common
+        return Plugin(obj.kind, dataclasses.replace(obj.config, **own) if own else obj.config, common)
     if isinstance(obj, dict):
         return {**obj, **direct}
     return dataclasses.replace(obj, **direct)

@@ -1,0 +1,95 @@
+"""accelerate wiring: the one module that knows about processes, devices, mixed precision and backends.
+
+Data parallelism in the RL loop (reference A §2.3, Flow-GRPO's ``DistributedKRepeatSampler``): every process
+computes the same global list of N = prompts × group_size samples for an iteration (a pure function of the
+iteration), rolls out and scores its contiguous slice ``local_slice(N)``, and the rewards are gathered so that
+advantages are computed over the whole batch on every process — a group may span processes. Gradients of the
+trainable parameters are averaged across processes before each optimizer step (``average_gradients``), which
+works whichever weights (LoRA adapter or full transformer) the policy calls. FSDP and DeepSpeed are selected in
+accelerate's own config files (``configs/accelerate/``); with them the trainable transformer is passed through
+``accelerator.prepare`` (``prepare_model``).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+
+
+def make_accelerator(mixed_precision: str = "no", cpu: bool = False):
+    """An ``accelerate.Accelerator`` (reads ``accelerate launch`` settings from the environment)."""
+    from accelerate import Accelerator
+
+    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+
+
+class Dist:
+    """Process geometry and collectives, with a plain single-process fallback when ``accelerator`` is None."""
+
+    def __init__(self, accelerator=None):
+        self.accelerator = accelerator
+        self.rank = accelerator.process_index if accelerator else 0
+        self.world = accelerator.num_processes if accelerator else 1
+        self.device = accelerator.device if accelerator else torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def local_slice(self, n: int) -> slice:
+        """This process's contiguous share of ``n`` global samples (n must divide by the world size)."""
+        if n % self.world:
+            raise ValueError(f"{n} samples do not split over {self.world} processes")
+        k = n // self.world
+        return slice(self.rank * k, (self.rank + 1) * k)
+
+    def gather(self, t: Tensor) -> Tensor:
+        """Concatenate a per-process tensor (dim 0) across processes, in rank order."""
+        if self.world == 1:
+            return t
+        return self.accelerator.gather(t.to(self.device).contiguous()).to(t.device)
+
+    def mean(self, t: Tensor) -> Tensor:
+        """Average a tensor across processes (for logged metrics)."""
+        if self.world == 1:
+            return t
+        return self.accelerator.reduce(t.to(self.device).clone(), reduction="mean").to(t.device)
+
+    def sum(self, t: Tensor) -> Tensor:
+        if self.world == 1:
+            return t
+        return self.accelerator.reduce(t.to(self.device).clone(), reduction="sum").to(t.device)
+
+    def average_gradients(self, params: list[nn.Parameter]) -> None:
+        """p.grad ← mean over processes (data-parallel SGD). No-op for one process or a wrapped backend."""
+        if self.world == 1 or self.backend_wraps_model:
+            return
+        for p in params:
+            if p.grad is not None:
+                p.grad.copy_(self.accelerator.reduce(p.grad, reduction="mean"))
+
+    @property
+    def backend_wraps_model(self) -> bool:
+        """True under FSDP / DeepSpeed, which shard and synchronise through their own wrappers."""
+        if self.accelerator is None:
+            return False
+        return self.accelerator.distributed_type.name in ("FSDP", "DEEPSPEED")
+
+    def prepare_model(self, module: nn.Module, optimizer):
+        """Pass the trainable module and optimizer through accelerate when a backend needs to wrap them."""
+        if not self.backend_wraps_model:
+            return module, optimizer
+        return self.accelerator.prepare(module, optimizer)
+
+    def autocast(self):
+        """Mixed-precision context for model forwards (no-op in fp32)."""
+        return self.accelerator.autocast() if self.accelerator else nullcontext()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
+    def print(self, *args) -> None:
+        if self.is_main:
+            print(*args, flush=True)
