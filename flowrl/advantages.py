@@ -13,6 +13,7 @@ Conventions of the anchors (reference A §2.6, B §1.1, B §5):
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -188,7 +189,7 @@ class PerPromptStatTracker:
             raise ValueError(f"{len(prompts)} prompts but {rewards.numel()} rewards; they must pair up")
         r = rewards.detach().double().flatten().cpu()
         for p, x in zip(prompts, r.tolist()):
-            if x == x:  # not NaN
+            if not math.isnan(x):
                 buf = self.stats.setdefault(p, [])
                 buf.append(x)
                 if self.buffer_size is not None:

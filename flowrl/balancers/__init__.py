@@ -13,8 +13,9 @@ returns the module-level ``(balance, Config)`` pair.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from flowrl.registry import Registry
 
@@ -41,4 +42,4 @@ class BalancerSpec:
 def get_balancer(name: str) -> BalancerSpec:
     """The balance function of ``name`` and the ``Config`` class of its module."""
     fn = BALANCERS.get(name)
-    return BalancerSpec(name, fn, getattr(sys.modules[fn.__module__], "Config"))
+    return BalancerSpec(name, fn, sys.modules[fn.__module__].Config)

@@ -1,7 +1,7 @@
 """Shared input checks and per-reward group normalisation for the balancers (reference B §5 notation)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -15,8 +15,9 @@ the module's parts as an ``ObjectiveSpec``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from flowrl.objectives.batch import TrainBatch
 from flowrl.registry import Registry

@@ -24,7 +24,12 @@ from torch import Tensor
 
 from flowrl.objectives.batch import TrainBatch, masked_mean
 from flowrl.objectives.regression import (
-    flow_target, forward_noise, mean_elems, rectified_regression, x0_abs_weight, x0_prediction,
+    flow_target,
+    forward_noise,
+    mean_elems,
+    rectified_regression,
+    x0_abs_weight,
+    x0_prediction,
 )
 from flowrl.types import LossOut
 

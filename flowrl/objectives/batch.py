@@ -1,8 +1,9 @@
 """``TrainBatch``: what the trainer hands an objective's ``loss`` for one micro-step."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -11,7 +11,7 @@ and the evaluation EMA of the trainable weights: η = min((1+s)/(10+s), 0.9) (fl
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor

@@ -15,7 +15,6 @@ x0-space error (x̂0 = x_σ − σ·v), which is how the anchors write these los
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from flowrl.advantages import (
-    PerPromptStatTracker, batch_normalize, clip_advantages, depthwise_advantages, group_advantages, group_stats,
-    median_advantages, zero_std_mask, zero_std_ratio,
+    PerPromptStatTracker,
+    batch_normalize,
+    clip_advantages,
+    depthwise_advantages,
+    group_advantages,
+    group_stats,
+    median_advantages,
+    zero_std_mask,
+    zero_std_ratio,
 )
 
 NAN = float("nan")
@@ -47,7 +54,7 @@ def test_nan_rewards_excluded_from_stats():
     s = np.std([1, 3, 5])
     assert math.isnan(a[1])
     torch.testing.assert_close(a[[0, 2, 3]], torch.tensor([-1.0, 1.0, 0.0], dtype=torch.float64) / (s + 1e-4))
-    mean, std, cnt = group_stats(r, g)
+    _, _, cnt = group_stats(r, g)
     assert cnt.tolist() == [2, 2, 2, 1]
 
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.balancers import BALANCERS, get_balancer
-from flowrl.balancers import gdpo, marble, weighted_sum
+from flowrl.balancers import BALANCERS, gdpo, get_balancer, marble, weighted_sum
 from flowrl.balancers.min_norm import frank_wolfe, min_norm_pair, solve_min_norm
 
 NAN = float("nan")
@@ -108,7 +107,7 @@ def test_marble_uniform_before_first_solve_then_ema():
     state = {}
     cfg = marble.Config()
     assert marble.needs_gram(state, cfg)
-    a0, d0 = marble.balance(Rm, G, state=state, cfg=cfg)
+    a0, _ = marble.balance(Rm, G, state=state, cfg=cfg)
     Ak = torch.stack([(Rm[:, k] - Rm[:, k].view(2, 2).mean(1).repeat_interleave(2)) /
                       (Rm[:, k].std(unbiased=False) + 1e-4) for k in range(2)], 1)
     torch.testing.assert_close(a0, Ak.mean(1))

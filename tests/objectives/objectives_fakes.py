@@ -139,7 +139,7 @@ def rollout(policy, cond, x1, sigmas, step=em_step, cfg=None, guidance=None, see
             xs.append(x); xns.append(out.x_next); means.append(out.mean); stds.append(out.std)
             lps.append(log_prob(out.x_next, out.mean, out.std, "mean", cfg)); ss.append(s); sns.append(sn)
             x = out.x_next
-    st = lambda t: torch.stack(t, 1)  # noqa: E731
+    st = lambda t: torch.stack(t, 1)
     return Trajectory(st(xs), st(xns), st(means), st(stds), st(lps), st(ss), st(sns),
                       torch.arange(len(sigmas) - 1))
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
 from flowrl.objectives import TrainBatch, awm, awr, get_objective
-from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
 B, D = 4, 6
 gen = torch.Generator().manual_seed(10)

@@ -1,10 +1,10 @@
 """GRPO (Flow-GRPO / DanceGRPO PPO-clip) against direct computations of reference A §1.5, §2.6."""
 import pytest
 import torch
+from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, make_cond, rollout
 
 from flowrl.objectives import TrainBatch, get_objective
 from flowrl.objectives.grpo import Config, clipped_surrogate, loss, mean_kl
-from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, make_cond, rollout
 
 B, D = 6, 8
 SIGMAS = torch.tensor([1.0, 0.8, 0.55, 0.3, 0.0])

@@ -2,10 +2,10 @@
 ∇L(Σ_k α_k A_k) = Σ_k α_k ∇L(A_k); with apply="rescaled" that gradient points along the min-norm element."""
 import pytest
 import torch
+from objectives_fakes import LinearPolicy, make_cond
 
 from flowrl.balancers import marble
 from flowrl.objectives import TrainBatch, awm, awr, nft
-from objectives_fakes import LinearPolicy, make_cond
 
 B, D, K = 6, 5, 3
 gen = torch.Generator().manual_seed(20)

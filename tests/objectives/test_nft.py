@@ -4,10 +4,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
 from flowrl.objectives import TrainBatch, get_objective
 from flowrl.objectives.nft import Config, loss, optimality_probability
-from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
 B, D = 4, 6
 gen = torch.Generator().manual_seed(0)
