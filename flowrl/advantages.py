@@ -42,11 +42,12 @@ def group_stats(r: Tensor, group_ids: Tensor, unbiased: bool = False) -> tuple[T
     n_groups = int(inv.max()) + 1 if inv.numel() else 0
     valid = torch.isfinite(r)
     x = torch.where(valid, r, torch.zeros_like(r)).double()
-    cnt = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, valid.double())
-    tot = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, x)
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
+    cnt = zeros.index_add(0, inv, valid.double())
+    tot = zeros.index_add(0, inv, x)
     mean = tot / cnt  # NaN for an all-NaN group
     dev2 = torch.where(valid, (x - mean[inv]) ** 2, torch.zeros_like(x))
-    ss = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, dev2)
+    ss = zeros.index_add(0, inv, dev2)
     denom = cnt - (1.0 if unbiased else 0.0)
     std = torch.where(denom > 0, (ss / denom.clamp(min=1)).sqrt(), torch.zeros_like(ss))
     return mean[inv].to(r.dtype), std[inv].to(r.dtype), cnt[inv].to(r.dtype)
@@ -56,7 +57,7 @@ def finite_std(x: Tensor, unbiased: bool = False) -> Tensor:
     """Std of the finite entries of ``x`` (0-d); 0 when fewer than 1 (+1 if unbiased) finite entries."""
     v = x[torch.isfinite(x)].double()
     if v.numel() - int(unbiased) <= 0:
-        return torch.zeros((), dtype=x.dtype)
+        return torch.zeros((), dtype=x.dtype, device=x.device)
     return v.std(unbiased=unbiased).to(x.dtype)
 
 
@@ -89,7 +90,7 @@ def group_advantages(
     elif std == "group":
         scale = gstd + eps
     elif std == "none":
-        scale = torch.ones((), dtype=r.dtype)
+        scale = torch.ones((), dtype=r.dtype, device=r.device)
     else:
         raise ValueError(f"std must be 'group', 'global' or 'none', got {std!r}")
     adv = (r - mean) / scale
@@ -117,7 +118,7 @@ def zero_std_ratio(r: Tensor, group_ids: Tensor, tol: float = 0.0) -> float:
     inv = _check(r, group_ids)
     keep = zero_std_mask(r, group_ids, tol)
     n_groups = int(inv.max()) + 1 if inv.numel() else 0
-    any_keep = torch.zeros(n_groups, dtype=torch.bool).index_put_((inv,), keep, accumulate=True)
+    any_keep = torch.zeros(n_groups, dtype=torch.bool, device=r.device).index_put_((inv,), keep, accumulate=True)
     return float((~any_keep).float().mean()) if n_groups else 0.0
 
 

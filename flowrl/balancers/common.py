@@ -1,6 +1,7 @@
 """Shared input checks and per-reward group normalisation for the balancers (reference B §5 notation)."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -34,3 +35,15 @@ def per_reward_advantages(R: Tensor, group_ids: Tensor, std: str = "group", eps:
 def any_finite(R: Tensor) -> Tensor:
     """(N,) bool: the sample has at least one applicable reward."""
     return torch.isfinite(R).any(dim=1)
+
+
+def on_cpu(balance):
+    """Run a balancer on CPU (rewards are (N, K), tiny) and return the advantages on R's device."""
+
+    @functools.wraps(balance)
+    def wrapper(R: Tensor, group_ids: Tensor, *args, **kwargs):
+        kwargs = {k: (v.detach().cpu() if isinstance(v, Tensor) else v) for k, v in kwargs.items()}
+        adv, diag = balance(R.detach().cpu(), group_ids.cpu(), *args, **kwargs)
+        return adv.to(R.device), diag
+
+    return wrapper

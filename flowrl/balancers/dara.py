@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from flowrl.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -51,6 +51,7 @@ def density_weights(pi: Tensor, w_max: float) -> Tensor:
     return torch.where(pi > 0, (top / pi.clamp(min=1e-300)).sqrt().clamp(max=w_max), torch.ones_like(pi))
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

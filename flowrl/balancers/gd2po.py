@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -50,6 +50,7 @@ def masked_whiten(x: Tensor, keep: Tensor, shift_mean: bool = True) -> Tensor:
     return torch.where(keep, out, torch.zeros_like(out))
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

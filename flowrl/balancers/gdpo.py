@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from flowrl.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -29,6 +29,7 @@ def decoupled_sum(R: Tensor, group_ids: Tensor, w: Tensor, cfg: Config) -> Tenso
     return torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

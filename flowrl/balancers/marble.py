@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 from flowrl.balancers.min_norm import solve_min_norm
 
 
@@ -74,6 +74,7 @@ def solve_alpha(gram: Tensor, cfg: Config) -> Tensor:
     return alpha
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None, gram: Tensor | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

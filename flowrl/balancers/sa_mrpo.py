@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from flowrl.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -42,6 +42,7 @@ def saturation(R: Tensor, cfg: Config) -> Tensor:
     return out
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from flowrl.advantages import group_advantages
-from flowrl.balancers.common import any_finite, check_inputs
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu
 
 
 @dataclass
@@ -23,6 +23,7 @@ class Config:
     unbiased: bool = False   # numpy population std, as the anchors' stat tracker
 
 
+@on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()

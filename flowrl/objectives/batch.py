@@ -73,7 +73,8 @@ class TrainBatch:
         """ε (B, ...) for the forward process: ``noise`` or fresh draws from ``generator``."""
         if self.noise is not None:
             return self.noise.float()
-        return torch.randn(self.x0.shape, generator=self.generator, dtype=torch.float32, device=self.x0.device)
+        dev = self.generator.device if self.generator is not None else self.x0.device
+        return torch.randn(self.x0.shape, generator=self.generator, dtype=torch.float32, device=dev).to(self.x0.device)
 
 
 def masked_mean(per_sample: Tensor, weights: Tensor) -> Tensor:
