@@ -64,8 +64,12 @@ class GridLayout:
         return self.pad + self.header_h + r * self.cell_h, self.pad + self.label_w + c * self.cell_w
 
 
-def font(size: int | None = None) -> ImageFont.ImageFont:
-    return ImageFont.load_default() if size is None else ImageFont.load_default(size=size)
+FONT_SIZE = 12
+
+
+def font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
+    """PIL's default font (the bundled FreeType face at ``size`` px; the bitmap font without FreeType)."""
+    return ImageFont.load_default(size=size)
 
 
 def line_height(fnt) -> int:

@@ -37,7 +37,7 @@ from flowrl.types import Cond
 
 __all__ = ["run_eval", "EvalResult", "eval_metric_names"]
 
-PolicySpec = Any  # a Policy, or (Policy, adapter name) to sample under ``policy.adapter(name)``
+PolicySpec = Any  # Policy | (Policy, adapter name | None) | (Policy, () -> context manager); see _unpack
 
 
 @dataclass
@@ -53,10 +53,16 @@ class EvalResult:
 
 
 def _unpack(spec: PolicySpec):
-    """(policy, a function returning a fresh context that selects the adapter)."""
+    """(policy, a function returning a fresh context in which the policy runs the weights to evaluate).
+
+    ``spec`` is a policy (its current weights), ``(policy, adapter name or None)`` (``policy.adapter(name)``),
+    or ``(policy, context factory)`` e.g. one that loads checkpoint weights on enter (scripts/evaluate.py).
+    """
     if isinstance(spec, tuple):
-        policy, name = spec
-        return policy, lambda: policy.adapter(name)
+        policy, how = spec
+        if callable(how):
+            return policy, how
+        return policy, lambda: policy.adapter(how)
     return spec, contextlib.nullcontext
 
 
@@ -96,8 +102,8 @@ def _shrink(pixels: Tensor, max_tile: int | None) -> Tensor:
 @torch.no_grad()
 def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[dict], seeds: Sequence[int],
              rewards, *, steps: int, guidance: float | None, height: int, width: int, num_frames: int | None,
-             batch_size: int, max_tile: int | None, on_sample: Callable | None = None
-             ) -> tuple[np.ndarray, dict[str, Tensor]]:
+             batch_size: int, max_tile: int | None, on_sample: Callable | None = None,
+             negative_prompt: str | None = None) -> tuple[np.ndarray, dict[str, Tensor]]:
     """Sample every (prompt, seed) of one policy; returns uint8 tiles (P, S, ...) and scores {name: (P, S)}."""
     policy, adapter_ctx = _unpack(policy_spec)
     P, S = len(prompts), len(seeds)
@@ -105,24 +111,22 @@ def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[di
     w = policy.default_guidance if guidance is None else guidance
     tiles: list[np.ndarray] = []
     score_rows: dict[str, list[Tensor]] = {}
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start:start + batch_size]
-        texts = [prompts[p] for p, _ in chunk]
-        gens = [_generator(seeds[j], p) for p, j in chunk]
-        with adapter_ctx():
-            cond: Cond = policy.encode(texts, cfg=w > 1)
-            x1 = policy.noise(gens, height, width, num_frames)
-            latents = ode_sample(policy, x1, cond, steps, w)
-            pixels = policy.decode(latents).float()
-        scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
-                        torch.tensor([p for p, _ in chunk]))
-        for k, v in scores.items():
-            score_rows.setdefault(k, []).append(v.float().cpu())
-        small = to_uint8(_shrink(pixels, max_tile))
-        tiles.extend(small)
-        if on_sample is not None:
-            for i, (p, j) in enumerate(chunk):
-                on_sample(p, seeds[j], pixels[i], {k: float(v[i]) for k, v in scores.items()})
+    with adapter_ctx():
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start:start + batch_size]
+            texts = [prompts[p] for p, _ in chunk]
+            negative = [negative_prompt] * len(texts) if (w > 1 and negative_prompt is not None) else None
+            cond: Cond = policy.encode(texts, negative, cfg=w > 1)
+            x1 = policy.noise([_generator(seeds[j], p) for p, j in chunk], height, width, num_frames)
+            pixels = policy.decode(ode_sample(policy, x1, cond, steps, w)).float()
+            scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
+                            torch.tensor([p for p, _ in chunk]))
+            for k, v in scores.items():
+                score_rows.setdefault(k, []).append(v.float().cpu())
+            tiles.extend(to_uint8(_shrink(pixels, max_tile)))
+            if on_sample is not None:
+                for i, (p, j) in enumerate(chunk):
+                    on_sample(p, seeds[j], pixels[i], {k: float(v[i]) for k, v in scores.items()})
     stacked = np.stack(tiles).reshape(P, S, *tiles[0].shape)
     return stacked, {k: torch.cat(v).reshape(P, S) for k, v in score_rows.items()}
 
@@ -215,10 +219,13 @@ def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: 
              seeds: Sequence[int], rewards, out_dir: str | Path, *, steps: int = 20, guidance: float | None = None,
              height: int = 512, width: int = 512, num_frames: int | None = None, batch_size: int = 8,
              rows_per_page: int = 8, max_tile: int | None = 512, video_format: str = "mp4", fps: int = 8,
-             step: int | None = None, title: str | None = None, save_samples: bool = False) -> dict[str, float]:
+             step: int | None = None, title: str | None = None, save_samples: bool = False,
+             negative_prompt: str | None = None) -> dict[str, float]:
     """Evaluate each policy on prompts × seeds and write grids, metrics.jsonl and index.html into ``out_dir``.
 
-    policies: label → Policy, or label → (Policy, adapter name) e.g. {"base": (p, None), "trained": (p, "train")}.
+    policies: label → Policy, label → (Policy, adapter name) e.g. {"base": (p, None), "trained": (p, "train")},
+              or label → (Policy, context factory) (e.g. ``lambda: checkpoint_weights(p, path)``); evaluated in order.
+    negative_prompt: CFG negative prompt when guidance > 1 (None: the policy's default, usually "").
     rewards:  a ``rewards.RewardSet``, a mapping name → reward callable, or None (grids without scores).
     guidance: CFG / distilled guidance scale; None → each policy's ``default_guidance``.
     Returns the summary metrics to log: ``eval/<score>/{mean,std}`` (one policy) or
@@ -233,7 +240,8 @@ def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: 
         writer = _sample_writer(out, label, video_format, fps) if save_samples else None
         tiles[label], scores[label] = generate(
             spec, prompts, metas, seeds, rewards, steps=steps, guidance=guidance, height=height, width=width,
-            num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=writer)
+            num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=writer,
+            negative_prompt=negative_prompt)
     result = EvalResult(tiles, scores)
     summary = _summary(scores)
     entries = write_grids(result, prompts, seeds, out, rows_per_page=rows_per_page, video_format=video_format,
