@@ -16,6 +16,26 @@ R = torch.randn(B, K, generator=gen, dtype=torch.float64)
 G = torch.tensor([0, 0, 0, 1, 1, 1])
 
 
+def test_gradient_gram_matches_direct_per_reward_gradients():
+    pol = LinearPolicy(D, seed=22, perturb=0.1)
+    A_k = marble.reward_advantages(R, G).float()
+    A_k[0, 1] = float("nan")  # reward 1 does not apply to sample 0: masked in its loss
+
+    def loss_of(adv, mask):
+        return nft.loss(pol, TrainBatch(COND, adv, x0=X0, sigma=T, noise=EPS, mask=mask), nft.Config()).loss
+
+    gram = marble.gradient_gram(loss_of, A_k, pol.trainable_parameters(), reduce=lambda g: 2 * g)
+    rows = []
+    for k in range(K):
+        keep = torch.isfinite(A_k[:, k])
+        idx = torch.nonzero(keep).flatten()
+        sub = TrainBatch(COND.select(idx), A_k[idx, k], x0=X0[idx], sigma=T[idx], noise=EPS[idx])
+        gs = torch.autograd.grad(nft.loss(pol, sub, nft.Config()).loss, pol.trainable_parameters())
+        rows.append(2 * torch.cat([g.flatten() for g in gs]).double())
+    g = torch.stack(rows)
+    torch.testing.assert_close(gram, g @ g.T, rtol=1e-5, atol=1e-8)
+
+
 def grad(mod, cfg, adv):
     pol = LinearPolicy(D, seed=22, perturb=0.1)
     out = mod.loss(pol, TrainBatch(COND, adv.float(), x0=X0, sigma=T, noise=EPS), cfg).loss
@@ -27,8 +47,7 @@ def grad(mod, cfg, adv):
 @pytest.mark.parametrize("apply", ["raw", "rescaled"])
 def test_amortized_gradient_is_alpha_mix(mod, cfg, apply):
     mcfg = marble.Config(apply=apply)
-    A_k = torch.stack([torch.nan_to_num(marble.per_reward_advantages(R, G, std="global", eps=1e-4,
-                                                                     unbiased=False)[:, k]) for k in range(K)], 1)
+    A_k = torch.nan_to_num(marble.reward_advantages(R, G, mcfg))
     gk = torch.stack([grad(mod, cfg, A_k[:, k]) for k in range(K)])
     state = {}
     adv, diag = marble.balance(R, G, state=state, cfg=mcfg, gram=gk @ gk.T)
