@@ -52,7 +52,6 @@ class PolicyLoad:
 class DataSection:
     train: str = "shapes:train"       # prompt set: registered name ("shapes:train"), a .txt (one per line) or .jsonl
     eval: str = "shapes:heldout"      # held-out prompts for accuracy / reward before-after
-    eval_size: int | None = None      # first N eval prompts (None: all)
     negative_prompt: str = ""         # CFG negative prompt
 
 
@@ -141,7 +140,7 @@ class TrainSection:
 @dataclass
 class EvalSection:
     every: int = 20                   # iterations between evaluations (0: only before and after)
-    num_prompts: int = 64             # held-out prompts scored per evaluation
+    num_prompts: int | None = 64      # held-out prompts scored per evaluation (None: all)
     grid_prompts: int = 8             # rows of the saved image grid
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     held_out: list[str] = field(default_factory=list)   # extra rewards monitored, never trained on

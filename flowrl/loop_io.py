@@ -53,6 +53,7 @@ def eval_rewards(trainer) -> dict:
         if extra:
             held = RewardSet({n: 1.0 for n in extra}, device=trainer.dist.device)
             table.update({r.name: r for r in held.rewards})
+        table.update(parts.eval_prompts.eval_metrics())
         parts._eval_rewards = table
     return parts._eval_rewards
 

@@ -38,6 +38,9 @@ class ListPrompts:
         rng = np.random.default_rng([self.seed, iteration])
         return [self.items[i] for i in rng.integers(0, len(self.items), size=n)]
 
+    def eval_metrics(self) -> dict:
+        return {}
+
     def fixed(self, n: int | None) -> list[tuple[str, dict]]:
         """The first ``n`` items (all when None): the evaluation set, identical for every checkpoint."""
         return list(self.items[: n if n is not None else len(self.items)])
@@ -58,6 +61,13 @@ class ShapesSource:
 
     def batch(self, iteration: int, n: int) -> list[tuple[str, dict]]:
         return self.stream.batch(iteration, n)
+
+    def eval_metrics(self) -> dict:
+        """Extra per-image evaluation scores of this dataset: the shapes world's image-quality figure
+        ``palette_distance`` (mean pixel distance to the nearest palette colour; lower is cleaner)."""
+        from flowrl.data.shapes.detect import palette_distance
+
+        return {"palette_distance": lambda batch: palette_distance(batch.pixels)}
 
     def fixed(self, n: int | None) -> list[tuple[str, dict]]:
         """All held-out prompts (n=None), or ``n`` spread evenly over them (every skill represented)."""
