@@ -26,15 +26,23 @@ import re
 import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-    "resolve_checkpoint", "read_manifest", "capture_rng_state", "restore_rng_state",
+    "CheckpointError",
+    "capture_rng_state",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "read_manifest",
+    "resolve_checkpoint",
+    "restore_rng_state",
+    "save_checkpoint",
 ]
 
 CHECKPOINTS_DIR = "checkpoints"

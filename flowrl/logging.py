@@ -14,13 +14,14 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["MetricsLogger", "read_metrics", "summarize", "METRICS_FILE"]
+__all__ = ["METRICS_FILE", "MetricsLogger", "read_metrics", "summarize"]
 
 METRICS_FILE = "metrics.jsonl"
 _NAME = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_.\-]+)+$")
@@ -94,7 +95,7 @@ class MetricsLogger:
         if resume_step is not None and path.exists():
             kept = [r for r in read_metrics(path) if r.get("step", -1) <= resume_step]
             path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self._file = open(path, "a")
+        self._file = open(path, "a")  # noqa: SIM115  (kept open for the run; closed in close())
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -148,7 +149,7 @@ class MetricsLogger:
             self._wandb.finish()
             self._wandb = None
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
                        rows_per_page=args.rows_per_page, max_tile=args.max_tile or None,
                        video_format=args.video_format, fps=args.fps, save_samples=args.save_samples,
                        negative_prompt=st["negative_prompt"], title=f"flowrl evaluate: {st['policy']}")
-    print(json.dumps({k: (v if v == v else None) for k, v in summary.items()}, indent=1))  # NaN → null
+    print(json.dumps({k: (v if math.isfinite(v) else None) for k, v in summary.items()}, indent=1))
     print(f"[flowrl] wrote {out / 'index.html'}", file=sys.stderr)
     return summary
 

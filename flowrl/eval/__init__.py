@@ -12,6 +12,19 @@ from flowrl.eval.media import save_png, save_video
 from flowrl.eval.run import EvalResult, eval_metric_names, generate, run_eval, write_grids
 from flowrl.eval.sample import EVAL_ITERATION, ode_sample
 
-__all__ = ["run_eval", "generate", "write_grids", "EvalResult", "eval_metric_names", "make_grid", "to_uint8",
-           "save_png", "save_video", "GalleryEntry", "render_gallery", "write_gallery", "ode_sample",
-           "EVAL_ITERATION"]
+__all__ = [
+    "EVAL_ITERATION",
+    "EvalResult",
+    "GalleryEntry",
+    "eval_metric_names",
+    "generate",
+    "make_grid",
+    "ode_sample",
+    "render_gallery",
+    "run_eval",
+    "save_png",
+    "save_video",
+    "to_uint8",
+    "write_gallery",
+    "write_grids",
+]

@@ -6,11 +6,12 @@ can be copied or served as is (``python -m http.server -d runs/<name>/eval``).
 from __future__ import annotations
 
 import html
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
-__all__ = ["GalleryEntry", "write_gallery", "render_gallery"]
+__all__ = ["GalleryEntry", "render_gallery", "write_gallery"]
 
 _STYLE = ("body{font-family:sans-serif;margin:1.5em}img,video{max-width:100%;border:1px solid #ccc}"
           "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
@@ -49,14 +50,14 @@ def _score_table(summary: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def _fmt(v) -> str:
-    return "–" if v is None or v != v else f"{v:.4g}"
+    return "–" if v is None or math.isnan(v) else f"{v:.4g}"
 
 
 def render_gallery(title: str, entries: Sequence[GalleryEntry],
                    summary: Mapping[str, Mapping[str, float]] | None = None, notes: Sequence[str] = ()) -> str:
     """The gallery page as a string."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>")]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
     parts.append(_score_table(summary or {}))
     for e in entries:

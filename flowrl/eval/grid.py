@@ -16,15 +16,15 @@ Text is drawn with PIL's default font (``ImageFont.load_default``) in black on w
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
-__all__ = ["GridLayout", "grid_layout", "to_uint8", "upscale", "text_layer", "compose_grid", "make_grid"]
+__all__ = ["GridLayout", "compose_grid", "grid_layout", "make_grid", "text_layer", "to_uint8", "upscale"]
 
 BACKGROUND = 255
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["save_png", "save_video", "pad_to_multiple", "VIDEO_FORMATS"]
+__all__ = ["VIDEO_FORMATS", "pad_to_multiple", "save_png", "save_video"]
 
 VIDEO_FORMATS = ("mp4", "gif")
 

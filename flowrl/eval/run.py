@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from flowrl.eval.media import VIDEO_FORMATS, save_png, save_video
 from flowrl.eval.sample import EVAL_ITERATION, ode_sample
 from flowrl.types import Cond
 
-__all__ = ["run_eval", "EvalResult", "eval_metric_names"]
+__all__ = ["EvalResult", "eval_metric_names", "run_eval"]
 
 PolicySpec = Any  # Policy | (Policy, adapter name | None) | (Policy, () -> context manager); see _unpack
 

@@ -8,13 +8,19 @@ weights back afterwards, so several checkpoints can be evaluated one after anoth
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from flowrl.checkpoint import CHECKPOINTS_DIR, CheckpointError, load_checkpoint, read_manifest, resolve_checkpoint
+from flowrl.checkpoint import (
+    CHECKPOINTS_DIR,
+    CheckpointError,
+    load_checkpoint,
+    read_manifest,
+    resolve_checkpoint,
+)
 
 WEIGHT_GROUPS = ("train", "old", "ema")
 

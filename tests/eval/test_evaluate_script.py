@@ -115,7 +115,8 @@ def test_toy_checkpoints_side_by_side(tmp_path, toy):
 
     from flowrl.eval.run import generate
 
-    kw = dict(steps=2, guidance=None, height=32, width=32, num_frames=None, batch_size=8, max_tile=None)
+    kw = {"steps": 2, "guidance": None, "height": 32, "width": 32, "num_frames": None, "batch_size": 8,
+          "max_tile": None}
     prompts = ["a red circle", "two blue squares"]
     base, _ = generate((toy, None), prompts, [{}, {}], [0], None, **kw)
     same, _ = generate((toy, lambda: ev.checkpoint_weights(toy, run / "checkpoints" / "step_00000003")),
@@ -146,3 +147,20 @@ def test_missing_checkpoint_is_explained(tmp_path):
     ev = _script()
     with pytest.raises(CheckpointError, match="does not exist"):
         ev.main(["--policy", "toy", "--tiny", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,grid,rewards", [("sd3", "grid_000.png", "jpeg_compressibility"),
+                                                 ("flux", "grid_000.png", "jpeg_compressibility"),
+                                                 ("wan", "grid_000.mp4", "none")])
+def test_tiny_presets_smoke(tmp_path, family, grid, rewards):
+    """The real tiny SD3 / FLUX / Wan presets through the whole script (video → MP4 grid)."""
+    ev = _script()
+    (tmp_path / "p.txt").write_text("a red circle\ntwo dogs on a beach\n")
+    out = tmp_path / "out"
+    summary = ev.main(["--policy", family, "--tiny", "--prompts", str(tmp_path / "p.txt"), "--seeds", "0,1",
+                       "--rewards", rewards, "--steps", "2", "--out", str(out)])
+    assert {p.name for p in out.iterdir()} == {grid, "index.html", "metrics.jsonl", "command.json"}
+    assert (rewards == "none") == (summary == {})
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in recs if r["kind"] == "sample"]) == 4

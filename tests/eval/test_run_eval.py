@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from eval_analytic_policy import AnalyticPolicy
 from PIL import Image
 
-from eval_analytic_policy import AnalyticPolicy
 from flowrl.eval import EVAL_ITERATION, run_eval
 
 
@@ -59,7 +59,7 @@ def test_same_noise_for_every_policy_and_run(tmp_path):
     from samplers.rng import sample_generator
 
     policy = AnalyticPolicy(exact=False)
-    kw = dict(steps=3, guidance=None, height=4, width=4, num_frames=None, max_tile=None)
+    kw = {"steps": 3, "guidance": None, "height": 4, "width": 4, "num_frames": None, "max_tile": None}
     a, _ = generate(policy, PROMPTS, [{}] * 4, [0, 5], None, batch_size=8, **kw)
     b, _ = generate(policy, PROMPTS, [{}] * 4, [0, 5], None, batch_size=1, **kw)
     assert np.array_equal(a, b)  # batch composition does not matter
