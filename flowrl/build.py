@@ -81,6 +81,7 @@ class Parts:
     train_prompts: Any
     eval_prompts: Any
     balancer_state: dict = field(default_factory=dict)
+    eval_rewards: dict | None = None     # built on first evaluation (flowrl.loop_io.eval_rewards)
 
     # ---------------------------------------------------------------------------------------- rollout
     @property

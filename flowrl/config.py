@@ -85,8 +85,8 @@ def build_rewards(data: Any, where: str, source: Source | None) -> dict:
         if isinstance(spec, (int, float)) and not isinstance(spec, bool):
             spec = {"weight": spec}
         spec = dict(spec or {})
-        if "name" in spec:
-            raise ConfigError(f"{key}.name: unknown key; the name is the mapping key "
+        if spec.pop("name", name) != name:   # a resolved config.yaml repeats the key as `name`
+            raise ConfigError(f"{key}.name: must equal the mapping key {name!r} "
                               f"(in {source.of(key) if source else 'config'})")
         built = from_dict(RewardSpec, {**spec, "name": str(name)}, key, source)
         try:

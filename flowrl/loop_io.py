@@ -45,7 +45,7 @@ def ema_weights(ema):
 def eval_rewards(trainer) -> dict:
     """{name: reward} scored at evaluation: the training rewards plus the held-out monitors."""
     parts = trainer.parts
-    if getattr(parts, "_eval_rewards", None) is None:
+    if parts.eval_rewards is None:
         from rewards import RewardSet
 
         table = {r.name: r for r in parts.rewards.rewards}
@@ -54,8 +54,8 @@ def eval_rewards(trainer) -> dict:
             held = RewardSet({n: 1.0 for n in extra}, device=trainer.dist.device)
             table.update({r.name: r for r in held.rewards})
         table.update(parts.eval_prompts.eval_metrics())
-        parts._eval_rewards = table
-    return parts._eval_rewards
+        parts.eval_rewards = table
+    return parts.eval_rewards
 
 
 def evaluate(trainer, step: int, logger, tag: str) -> dict:

@@ -81,6 +81,7 @@ class Trainer:
             accelerator = _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu)
         self.dist = _dist.Dist(accelerator)
         check_geometry(cfg, self.dist.world)
+        torch.manual_seed(cfg.run.seed)          # LoRA init and anything else drawn from the global RNG
         self.parts = build_parts(cfg, self.dist, policy)
         self.policy = self.parts.policy
         self.state = LoopState()

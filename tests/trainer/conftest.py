@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine run fastest single-threaded."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iterations: int = 2) -> list[str]:
+    """A tiny toy-world run: 2 prompts × 2 samples, 3 steps, eval on 2 held-out prompts."""
+    sde = objective == "grpo"
+    return [
+        "policy.kind=toy", "policy.tiny=true", "policy.lora={rank: 2, alpha: 4}",
+        f"objective.kind={objective}", f"sampler.kernel.kind={'flow_sde' if sde else 'ode'}",
+        "sampler.steps=3", "sampler.eval_steps=2", "sampler.height=32", "sampler.width=32", "sampler.guidance=1.0",
+        "rewards={shapes: 1.0}", f"train.iterations={iterations}", "train.prompts_per_iter=2",
+        "train.group_size=2", "train.micro_batch=2", "train.updates_per_epoch=2", "train.ema_every=1",
+        "train.timestep_fraction=0.7", "eval.num_prompts=2", "eval.seeds=[0]", "eval.every=0", "eval.batch=2",
+        f"run.output_dir={tmp_path}", f"run.name={name}", "log.progress=false", "checkpoint.every=1",
+        "checkpoint.keep=5",
+    ]
