@@ -69,7 +69,8 @@ def _progress(total: int, enabled: bool):
 
 def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan | None = None,
             kernel: Kernel | str = "ode", kernel_cfg=None, generators: Sequence[torch.Generator] | None = None,
-            reduce: str = "mean", keep_noise: bool = True, progress: bool = False) -> RolloutResult:
+            reduce: str = "mean", keep_noise: bool = True, store: bool = True,
+            progress: bool = False) -> RolloutResult:
     """Run one batch of rollouts; returns final latents, the stored trajectory, x̂0 of the last model call
     and the NFE count (velocity calls per sample).
 
@@ -79,6 +80,8 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
     kernel / kernel_cfg: the SDE kernel (a Kernel or a KERNELS name) and its Config for the plan's steps.
     generators: one per row; the SDE noise of row b is drawn from generators[b] only, in step order.
     reduce: log-prob reduction over latent elements ("mean" as the anchors, or "sum").
+    keep_noise: also store each step's ε (replay). store: False samples the SDE steps without recording a
+    trajectory or log-probs (SDE sampling for evaluation; ``traj`` is None).
     """
     grid = check_grid(sigmas)
     n_steps = grid.numel() - 1
@@ -95,7 +98,7 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
                              f"{None if generators is None else len(generators)}; see samplers.rng.sample_generator")
         kernel_cfg = kernel_cfg if kernel_cfg is not None else kern.Config()
     x = x1.to(torch.float32)
-    store = _Store(x, plan, grid, keep_noise) if plan.sde_steps else None
+    store = _Store(x, plan, grid, keep_noise) if (plan.sde_steps and store) else None
     dts = grid[1:] - grid[:-1]                          # float32, as the scheduler's sigma_next − sigma
     sig_b = grid.to(x.device).unsqueeze(1).expand(-1, x.shape[0])
     dts, spans = dts.to(x.device), dict(zip(plan.sde_steps, plan.spans))
@@ -105,14 +108,15 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
     while i < n_steps:
         if i == tail_from:
             x, x0_pred, k = _dpm_tail(velocity_fn, x, grid, i, plan.tail_compress, bar)
-            return RolloutResult(x, grid, store.trajectory(), x0_pred, nfe + k)
+            return RolloutResult(x, grid, store.trajectory() if store else None, x0_pred, nfe + k)
         x_prev, v = x, velocity_fn(x, sig_b[i])
         nfe += 1
         m = spans.get(i, 0)
         if m:
             noise = randn_rows(x.shape[1:], generators).to(x.device)
             out = kern.step(x, v, sig_b[i], sig_b[i + m], noise, cfg=kernel_cfg)
-            store.put(j, x, out, kern.log_prob(out.x_next, out.mean, out.std, reduce, kernel_cfg), noise)
+            if store is not None:
+                store.put(j, x, out, kern.log_prob(out.x_next, out.mean, out.std, reduce, kernel_cfg), noise)
             x, i, j = out.x_next, i + m, j + 1
         else:
             x, i, m = x + dts[i] * v.to(torch.float32), i + 1, 1
