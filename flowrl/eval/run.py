@@ -160,7 +160,7 @@ def _summary(scores: dict[str, dict[str, Tensor]]) -> dict[str, float]:
 
 
 def _caption(scores: dict[str, Tensor], p: int, j: int, main: Sequence[str]) -> str:
-    return "  ".join(f"{n}={scores[n][p, j].item():.3g}" for n in main if n in scores)
+    return "\n".join(f"{n}={scores[n][p, j].item():.3g}" for n in main if n in scores)  # one score per line
 
 
 def write_grids(result: EvalResult, prompts: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
@@ -177,7 +177,7 @@ def write_grids(result: EvalResult, prompts: Sequence[str], seeds: Sequence[int]
         captions = [[_caption(result.scores[lab], p, j, main) for j, lab in cols] for p in rows]
         row_labels = [f"{p + 1}. {prompts[p]}" for p in rows]
         canvas = make_grid(tiles, row_labels, col_labels, captions if main else None,
-                           caption_lines=max(1, min(4, math.ceil(len(main) / 2))))
+                           caption_lines=max(1, min(4, len(main))))
         if canvas.ndim == 4:
             file = save_video(canvas, out_dir / f"grid_{page:03d}.{video_format}", fps=fps)
         else:
