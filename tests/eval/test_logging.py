@@ -91,3 +91,15 @@ def test_summarize_ignores_nan():
     assert (s["reward/ocr/min"], s["reward/ocr/max"], s["reward/ocr/nan_frac"]) == (1.0, 3.0, 0.5)
     empty = summarize("reward/ocr", torch.tensor([float("nan")]))
     assert math.isnan(empty["reward/ocr/mean"]) and empty["reward/ocr/nan_frac"] == 1.0
+
+
+def test_log_images_to_tensorboard(tmp_path):
+    with MetricsLogger(tmp_path) as log:
+        log.log_images("eval/samples", torch.rand(2, 3, 8, 8), step=5)
+        with pytest.raises(ValueError, match=r"expected \(B, 3, H, W\)"):
+            log.log_images("eval/samples", torch.rand(3, 8, 8), step=5)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Images("eval/samples")] == [5]
