@@ -142,7 +142,7 @@ class FluxPolicy(PolicyBase):
         c = self.scheduler_config
         seq_len = (latents.shape[-2] // 2) * (latents.shape[-1] // 2)
         return flux_sigmas(num_steps, seq_len, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                           c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+                           c.get("base_shift", 0.5), c.get("max_shift", 1.15), device=latents.device)
 
     def velocity(self, x: Tensor, sigma: Tensor | float, cond: Cond, guidance: float | None = None) -> Tensor:
         """v(x, σ) float32 (B, C, H, W); ``guidance`` is the distilled guidance value (default 3.5)."""

@@ -121,7 +121,7 @@ class SD3Policy(PolicyBase):
             mu = calculate_shift((latents.shape[-2] // p) * (latents.shape[-1] // p),
                                  c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
                                  c.get("base_shift", 0.5), c.get("max_shift", 1.16))
-        return scheduler_sigmas(self.scheduler_config, num_steps, mu=mu)
+        return scheduler_sigmas(self.scheduler_config, num_steps, mu=mu).to(latents.device)
 
     def velocity(self, x: Tensor, sigma: Tensor | float, cond: Cond, guidance: float | None = None) -> Tensor:
         """v(x, σ) float32; CFG ``v_u + w(v_c − v_u)`` with one forward on [uncond; cond] when w > 1."""

@@ -122,7 +122,7 @@ class WanPolicy(PolicyBase):
 
     def sigmas(self, num_steps: int, latents: Tensor) -> Tensor:
         """The pipeline's grid: ``set_timesteps(num_steps)`` with a static shift (resolution-independent)."""
-        return scheduler_sigmas(self.scheduler_config, num_steps)
+        return scheduler_sigmas(self.scheduler_config, num_steps).to(latents.device)
 
     def velocity(self, x: Tensor, sigma: Tensor | float, cond: Cond, guidance: float | None = None) -> Tensor:
         """v(x, σ) float32 (B, 16, F', H', W'); CFG with separate cond / uncond forwards when w > 1."""

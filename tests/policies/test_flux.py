@@ -91,3 +91,12 @@ def test_save_load_round_trip(saved):
         for name in ("train", "old", None):
             with policy.adapter(name), again.adapter(name):
                 assert torch.equal(policy.velocity(x, 0.4, cond), again.velocity(x, 0.4, again.encode(PROMPTS)))
+
+
+def test_satisfies_policy_protocol(saved):
+    from flowrl.policies.base import Policy
+
+    policy, _ = saved
+    assert isinstance(policy, Policy)
+    assert (policy.family, policy.default_guidance, policy.default_noise_level) == ("flux", 3.5, 0.9)
+    assert (policy.config.lora.rank, policy.config.lora.alpha) == (64, 128)

@@ -118,3 +118,63 @@ def test_policy_adapters_and_gradients():
     policy.soft_update_adapter(0.0)   # decay 0: old ← train
     assert all(torch.equal(a, b) for a, b in zip(policy.adapter_parameters("old"),
                                                    policy.adapter_parameters("train")))
+
+
+def test_satisfies_policy_protocol(saved):
+    from flowrl.policies.base import Policy
+
+    policy, _ = saved
+    assert isinstance(policy, Policy)
+    assert (policy.family, policy.default_guidance, policy.default_noise_level) == ("sd3", 4.5, 0.7)
+
+
+def test_full_finetune_mode_on_policy():
+    policy = SD3Policy.tiny(seed=2, config=Config(max_sequence_length=16, lora=None))
+    assert policy.trainable_parameters() == list(policy.transformer.parameters())
+    x, cond = policy.noise(generators(1), H, W), policy.encode(PROMPTS[:1])
+    with torch.no_grad():
+        base = policy.velocity(x, 0.5, cond)
+        for p in policy.trainable_parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        assert (policy.velocity(x, 0.5, cond) - base).abs().max() > 1e-4
+        for name in ("old", None):
+            with policy.adapter(name):
+                torch.testing.assert_close(policy.velocity(x, 0.5, cond), base, atol=0, rtol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    grads = []
+    for ckpt in (False, True):
+        policy = SD3Policy.tiny(seed=4, config=Config(max_sequence_length=16, gradient_checkpointing=ckpt))
+        policy.transformer.train()
+        with torch.no_grad():
+            for p in policy.adapter_parameters("train"):
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        x, cond = policy.noise(generators(1), H, W), policy.encode(PROMPTS[:1])
+        policy.velocity(x, 0.5, cond).square().mean().backward()
+        grads.append([p.grad.clone() for p in policy.trainable_parameters()])
+    assert policy.transformer.gradient_checkpointing
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_bfloat16_model_returns_float32_close_to_float32():
+    from flowrl.policies.tiny import sd3_components
+
+    cfg = Config(max_sequence_length=16)
+    p32 = SD3Policy(sd3_components(0), cfg, "cpu", torch.float32)
+    p16 = SD3Policy(sd3_components(0), cfg, "cpu", torch.bfloat16)
+    assert p16.transformer.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in p16.trainable_parameters())
+    x, cond = p32.noise(generators(1), H, W), p32.encode(PROMPTS[:1])
+    with torch.no_grad():
+        v32, v16 = p32.velocity(x, 0.5, cond), p16.velocity(x, 0.5, cond)
+    assert v16.dtype == torch.float32
+    assert (v16 - v32).abs().max() < 0.1 * v32.abs().max()
+
+
+def test_bad_sigma_shape(saved):
+    policy, _ = saved
+    x, cond = policy.noise(generators(2), H, W), policy.encode(PROMPTS, cfg=False)
+    with pytest.raises(ValueError, match="sigma"):
+        policy.velocity(x, torch.ones(3), cond)

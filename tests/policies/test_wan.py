@@ -81,3 +81,11 @@ def test_save_load_round_trip(saved):
         for name in ("train", "old", None):
             with policy.adapter(name), again.adapter(name):
                 assert torch.equal(policy.velocity(x, 0.4, cond), again.velocity(x, 0.4, cond2))
+
+
+def test_satisfies_policy_protocol(saved):
+    from flowrl.policies.base import Policy
+
+    policy, _ = saved
+    assert isinstance(policy, Policy)
+    assert (policy.family, policy.default_guidance) == ("wan", 5.0)
