@@ -159,6 +159,11 @@ class PolicyBase:
         """safetensors file ``path`` → adapter ``name`` (a "train" file may be loaded into "old" too)."""
         self.weights.load(path, name)
 
+    def use_wrapped_transformer(self, wrapped: nn.Module) -> None:
+        """Route ``velocity`` through ``wrapped`` (what ``accelerator.prepare(policy.transformer)`` returned:
+        DDP / FSDP) so gradients synchronise; adapter switching still acts on the same underlying modules."""
+        self.weights.forward_module = wrapped
+
     def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute transformer activations in backward (diffusers' per-block checkpointing)."""
         if enabled:

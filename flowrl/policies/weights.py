@@ -30,6 +30,7 @@ class TransformerWeights:
         self.transformer = transformer
         self.lora_config = lora_config
         self.active: str | None = TRAIN
+        self.forward_module: nn.Module = transformer     # a DDP/FSDP wrapper of it, once set by the trainer
         self._copies: dict[str | None, nn.Module] = {}
         if lora_config is not None:
             if TRAIN not in lora_config.names[:1] or OLD not in lora_config.names:
@@ -53,7 +54,7 @@ class TransformerWeights:
     def module(self) -> nn.Module:
         """The module to call for the active weight set."""
         if self.is_lora or self.active == TRAIN:
-            return self.transformer
+            return self.forward_module
         return self._copies[self.active]
 
     def _activate(self, name: str | None) -> None:

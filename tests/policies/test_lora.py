@@ -160,3 +160,24 @@ def test_full_finetune_mode():
     with pytest.raises(KeyError, match="keep_base"):
         with no_base.use(None):
             pass
+
+
+def test_forward_goes_through_a_wrapper_when_set():
+    class Counting(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.inner(x)
+
+    for cfg in (LoraConfig(rank=4, alpha=8), None):
+        w = make(cfg)
+        wrapper = Counting(w.transformer)
+        w.forward_module = wrapper
+        x = torch.randn(2, 8)
+        for name in ("train", "old", None):
+            with w.use(name):
+                run(w, x)
+        assert wrapper.calls == (3 if cfg is not None else 1)   # full FT: old/base are separate frozen copies
