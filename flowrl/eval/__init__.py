@@ -9,6 +9,7 @@ See docs/evaluation.md for the file layout and the logged metric names.
 from flowrl.eval.gallery import GalleryEntry, render_gallery, write_gallery
 from flowrl.eval.grid import make_grid, to_uint8
 from flowrl.eval.media import save_png, save_video
+from flowrl.eval.plots import plot_metrics, plot_run
 from flowrl.eval.run import EvalResult, eval_metric_names, generate, run_eval, write_grids
 from flowrl.eval.sample import EVAL_ITERATION, ode_sample
 
@@ -20,6 +21,8 @@ __all__ = [
     "generate",
     "make_grid",
     "ode_sample",
+    "plot_metrics",
+    "plot_run",
     "render_gallery",
     "run_eval",
     "save_png",
