@@ -92,6 +92,8 @@ class KVCache:
         ck, cv = self.k[layer], self.v[layer]
         if ck is None:
             return k, v
+        if self.window_frames is None:  # global attention: every cached frame is visible
+            return torch.cat([ck, k], dim=1), torch.cat([cv, v], dim=1)
         new_frames = k.shape[1] // self.tokens_per_frame
         tok = self._token_index(self._selected_frames(new_frames)).to(ck.device)
         return torch.cat([ck[:, tok], k], dim=1), torch.cat([cv[:, tok], v], dim=1)
