@@ -1,6 +1,8 @@
 """FluxPolicy against diffusers' FluxPipeline on the tiny preset (same components, same latents)."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowrl.policies.flux import Config, FluxPolicy, latent_image_ids, pack_latents, unpack_latents
 from tests.policies.conftest import generators, pipeline_step_velocities
@@ -30,6 +32,16 @@ def test_pack_unpack_match_diffusers():
     assert torch.equal(packed, FluxPipeline._pack_latents(x, 2, 3, 6, 4))
     assert torch.equal(unpack_latents(packed, 6, 4), x)
     assert torch.equal(latent_image_ids(6, 4), FluxPipeline._prepare_latent_image_ids(2, 3, 2, "cpu", torch.float32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), c=st.integers(1, 4), h=st.integers(1, 5), w=st.integers(1, 5))
+def test_pack_is_an_invertible_permutation(b, c, h, w):
+    x = torch.arange(b * c * 4 * h * w, dtype=torch.float32).view(b, c, 2 * h, 2 * w)
+    packed = pack_latents(x)
+    assert packed.shape == (b, h * w, 4 * c)
+    assert torch.equal(packed.flatten().sort().values, x.flatten())
+    assert torch.equal(unpack_latents(packed, 2 * h, 2 * w), x)
 
 
 @pytest.mark.parametrize("guidance,true_cfg", [(1.0, 1.0), (3.5, 1.0), (3.5, 2.0)])

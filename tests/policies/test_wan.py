@@ -89,3 +89,17 @@ def test_satisfies_policy_protocol(saved):
     policy, _ = saved
     assert isinstance(policy, Policy)
     assert (policy.family, policy.default_guidance) == ("wan", 5.0)
+
+
+def test_load_in_bfloat16_keeps_vae_float32(saved):
+    policy, path = saved
+    bf = WanPolicy.from_pretrained(str(path), dtype=torch.bfloat16)
+    assert bf.transformer.dtype == torch.bfloat16 and bf.vae.dtype == torch.float32
+    assert bf.pipe.text_encoder.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in bf.trainable_parameters())
+    x = policy.noise(generators(1), H, W, F)
+    with torch.no_grad():
+        v32 = policy.velocity(x, 0.5, policy.encode(PROMPTS[:1]))
+        v16 = bf.velocity(x, 0.5, bf.encode(PROMPTS[:1]))
+    assert v16.dtype == torch.float32
+    assert (v16 - v32).abs().max() < 0.1 * v32.abs().max() + 0.05
