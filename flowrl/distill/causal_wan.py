@@ -159,7 +159,9 @@ class CausalWan(nn.Module):
                 t = t[:, 0]
             else:
                 t = t.repeat_interleave(self.tokens_per_frame(x.shape[-2], x.shape[-1]), dim=1)
-        out = self.transformer(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        dtype = self.transformer.dtype
+        out = self.transformer(hidden_states=x.to(dtype), timestep=t, encoder_hidden_states=text.to(dtype),
+                               return_dict=False)[0]
         return out.float()
 
     def forward(self, x: Tensor, timestep: Tensor, text: Tensor, causal: bool = True,

@@ -51,8 +51,11 @@ def _wrap(transformer: nn.Module, mc) -> CausalWan:
     return CausalWan(transformer, mc.chunk_frames, mc.window_frames, mc.sink_frames)
 
 
-def _load(path: str, mc) -> CausalWan:
-    return CausalWan.from_pretrained(path, torch_dtype=_dtype(mc.dtype), chunk_frames=mc.chunk_frames,
+def _load(path: str, mc, trainable: bool = False) -> CausalWan:
+    """Trainable roles keep float32 master weights (bf16 compute comes from accelerate's autocast; a 2e-6
+    step on bf16 weights would round away); frozen roles load in ``model.dtype``."""
+    dtype = torch.float32 if trainable else _dtype(mc.dtype)
+    return CausalWan.from_pretrained(path, torch_dtype=dtype, chunk_frames=mc.chunk_frames,
                                      window_frames=mc.window_frames, sink_frames=mc.sink_frames)
 
 
@@ -67,8 +70,8 @@ def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
         if not mc.teacher:
             raise ValueError("model.teacher is empty: give a diffusers Wan checkpoint dir (or set model.tiny: true)")
         teacher = _load(mc.teacher, mc)
-        student = _load(mc.student_init or mc.teacher, mc)
-        critic = _load(mc.critic_init or mc.student_init or mc.teacher, mc)
+        student = _load(mc.student_init or mc.teacher, mc, trainable=True)
+        critic = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True)
     text_dim = teacher.transformer.config.text_dim
     if mc.text_encoder:
         text_encoder = T5TextEncoder(mc.text_encoder, mc.text_len, _dtype(mc.dtype))

@@ -113,10 +113,14 @@ def stream_chunks(student: CausalWan, noise: Tensor, text: Tensor, timesteps: Te
 def self_forcing_rollout(student: CausalWan, noise: Tensor, text: Tensor, timesteps: Tensor,
                          same_exit_across_chunks: bool = True, last_step_only: bool = False,
                          renoise_kind: str = "sde", context_noise: float = 0.0, grad: bool = True,
-                         generator: torch.Generator | None = None) -> RolloutResult:
-    """Training rollout with a random exit step (stochastic gradient truncation, Self-Forcing §3)."""
+                         generator: torch.Generator | None = None,
+                         exit_generator: torch.Generator | None = None) -> RolloutResult:
+    """Training rollout with a random exit step (stochastic gradient truncation, Self-Forcing §3).
+    ``exit_generator`` (default ``generator``) draws the exit steps; give every rank the same one, as
+    Self-Forcing broadcasts the exit step from rank 0."""
     n_chunks = len(chunk_slices(noise.shape[2], student.chunk_frames))
-    exits = sample_exit_steps(n_chunks, len(timesteps), same_exit_across_chunks, last_step_only, generator)
+    exits = sample_exit_steps(n_chunks, len(timesteps), same_exit_across_chunks, last_step_only,
+                              exit_generator or generator)
     rec: dict = {}
     chunks = list(stream_chunks(student, noise, text, timesteps, exits, renoise_kind, context_noise, grad,
                                 generator, rec))

@@ -98,7 +98,7 @@ class DistillTrainer:
         return self_forcing_rollout(
             self.roles.student, self.noise(self.generator(step, role + "/noise")), self.batch(step, role).text,
             self.timesteps, r.same_exit_across_chunks, r.last_step_only, r.renoise, r.context_noise, grad,
-            self.generator(step, role + "/renoise"))
+            self.generator(step, role + "/renoise"), self.shared_generator(step, role + "/exit"))
 
     # ------------------------------------------------------------------ updates
     def _apply(self, loss: Tensor, params: list, opt: torch.optim.Optimizer) -> Tensor:
@@ -141,10 +141,11 @@ class DistillTrainer:
 
     def train_step(self, step: int) -> dict:
         metrics: dict = {}
-        if step % self.cfg.optim.critic_steps_per_generator == 0 or self.cfg.method == "ode_init":
-            metrics.update(self.generator_step(step))
-        if self.cfg.method != "ode_init":
-            metrics.update(self.critic_step(step))
+        with self.acc.autocast():
+            if step % self.cfg.optim.critic_steps_per_generator == 0 or self.cfg.method == "ode_init":
+                metrics.update(self.generator_step(step))
+            if self.cfg.method != "ode_init":
+                metrics.update(self.critic_step(step))
         return {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ checkpoints
