@@ -152,10 +152,23 @@ def policy_columns(policy, args: argparse.Namespace, family: str) -> dict:
     return columns
 
 
-def load_prompt_items(source: str, n: int | None, seed: int) -> list[tuple[str, dict]]:
+def load_prompt_source(source: str, seed: int):
     from flowrl.prompts import load_prompts
 
-    return load_prompts(source, seed).fixed(n)
+    return load_prompts(source, seed)
+
+
+def build_scores(specs: dict | None, prompt_source, device: str, video: bool) -> dict | None:
+    """name → scorer: the rewards (``RewardSet`` entries) plus, for image policies, the prompt set's own
+    evaluation metrics (shapes world: ``palette_distance``), as the trainer's periodic evaluation scores them."""
+    scores = {}
+    if specs:
+        from rewards import RewardSet
+
+        scores.update({r.name: r for r in RewardSet(specs, device=device).rewards})
+    if specs != {} and not video and hasattr(prompt_source, "eval_metrics"):
+        scores.update(prompt_source.eval_metrics())
+    return scores or None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -163,12 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = run_config(args)
     st = settings(args, cfg)
     policy = build_policy(st, cfg, args.device)
-    items = load_prompt_items(st["prompts"], st["num_prompts"], st["seed"])
-    rewards = None
-    if st["rewards"]:
-        from rewards import RewardSet
-
-        rewards = RewardSet(st["rewards"], device=args.device)
+    source = load_prompt_source(st["prompts"], st["seed"])
+    items = source.fixed(st["num_prompts"])
+    rewards = build_scores(st["rewards"], source, args.device, video=st["num_frames"] is not None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"argv": sys.argv[1:] if argv is None else list(argv), "checkpoints": args.checkpoint,

@@ -108,7 +108,8 @@ def test_toy_checkpoints_side_by_side(tmp_path, toy):
                        str(run), "--prompts", "heldout", "--num-prompts", "2", "--seeds", "0,1",
                        "--rewards", "shapes", "--steps", "2", "--out", str(out), "--max-tile", "0"])
     assert {p.name for p in out.iterdir()} == {"grid_000.png", "index.html", "metrics.jsonl", "command.json"}
-    assert set(summary) >= {"eval/base/shapes/mean", "eval/step_3/shapes/mean", "eval/step_9/shapes/mean"}
+    assert set(summary) >= {"eval/base/shapes/mean", "eval/step_3/shapes/mean", "eval/step_9/shapes/mean",
+                            "eval/base/palette_distance/mean"}  # the shapes prompt set's own image metric
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["policy"] for r in recs if r["kind"] == "sample"} == {"base", "step_3", "step_9"}
     assert all(torch.equal(before[k], v) for k, v in toy.adapter_state_dict("train").items())
