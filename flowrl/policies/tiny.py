@@ -148,3 +148,13 @@ def wan_components(seed: int = 0) -> dict:
     text_encoder = t5_encoder(umt5=True)
     return {"transformer": transformer, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),
             "text_encoder": text_encoder, "tokenizer": t5_tokenizer()}
+
+
+def save_preset(family: str, directory, seed: int = 0):
+    """Write the tiny preset of ``family`` ("sd3" | "flux" | "wan") in the diffusers pipeline layout; load it back
+    with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)`` or ``XPipeline.from_pretrained``."""
+    from flowrl.policies import POLICIES
+
+    if family not in ("sd3", "flux", "wan"):
+        raise ValueError(f"tiny presets exist for 'sd3', 'flux', 'wan'; got {family!r}")
+    return POLICIES.get(family).tiny(seed=seed).save_pretrained(directory)

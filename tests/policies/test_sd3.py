@@ -178,3 +178,21 @@ def test_bad_sigma_shape(saved):
     x, cond = policy.noise(generators(2), H, W), policy.encode(PROMPTS, cfg=False)
     with pytest.raises(ValueError, match="sigma"):
         policy.velocity(x, torch.ones(3), cond)
+
+
+def test_loading_another_familys_directory_is_a_clear_error(saved):
+    from flowrl.policies.flux import FluxPolicy
+
+    with pytest.raises(ValueError, match="'sd3' policy"):
+        FluxPolicy.from_pretrained(str(saved[1]), dtype=torch.float32)
+
+
+def test_save_preset_loads_through_the_real_path(tmp_path):
+    from flowrl.policies.tiny import save_preset
+
+    path = save_preset("sd3", tmp_path, seed=0)
+    assert (path / "model_index.json").is_file() and (path / "adapters" / "train.safetensors").is_file()
+    loaded = SD3Policy.from_pretrained(str(path), dtype=torch.float32)
+    assert loaded.config.max_sequence_length == 256
+    with pytest.raises(ValueError, match="tiny presets"):
+        save_preset("toy", tmp_path)
