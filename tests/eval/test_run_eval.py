@@ -114,3 +114,24 @@ def test_bad_arguments_are_explained(tmp_path):
         run_eval({"p": p}, PROMPTS, None, [0], None, tmp_path, video_format="avi")
     with pytest.raises(ValueError, match="contain no '/'"):
         run_eval({"a/b": p}, PROMPTS, None, [0], None, tmp_path)
+
+
+def test_reward_set_and_dict_outputs(tmp_path):
+    """A RewardSet gives one column per reward plus `total`; a callable returning {"score", aspect} gives
+    `<name>` and `<name>/<aspect>`."""
+    from rewards import RewardSet
+
+    policy = AnalyticPolicy()
+    rs = RewardSet({"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.5})
+    m = run_eval({"p": policy}, PROMPTS[:2], None, [0], rs, tmp_path / "a", steps=2, height=16, width=16)
+    assert set(m) == {f"eval/{n}/{s}" for n in ("jpeg_compressibility", "jpeg_incompressibility", "total")
+                      for s in ("mean", "std")}
+    assert m["eval/total/mean"] == pytest.approx(m["eval/jpeg_compressibility/mean"]
+                                                 + 0.5 * m["eval/jpeg_incompressibility/mean"], rel=1e-5)
+
+    def scored(batch):
+        b = brightness(batch)
+        return {"score": b, "double": 2 * b}
+
+    m = run_eval({"p": policy}, PROMPTS[:2], None, [0], {"lum": scored}, tmp_path / "b", steps=2, height=4, width=4)
+    assert m["eval/lum/double/mean"] == pytest.approx(2 * m["eval/lum/mean"])
