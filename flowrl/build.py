@@ -125,11 +125,33 @@ class Parts:
         return torch.cat([policy.decode(latents[a:a + step]).float() for a in range(0, latents.shape[0], step)])
 
     # ------------------------------------------------------------------------------------- advantages
-    def balance(self, R: Tensor, groups: Tensor) -> tuple[Tensor, dict]:
+    def balance(self, R: Tensor, groups: Tensor, samples=None, iteration: int = 0) -> tuple[Tensor, dict]:
+        """R (N, K) → A (N,) by the balancer (MARBLE also gets its reward-gradient Gram when it asks)."""
         weights = torch.tensor([spec.weight for spec in self.cfg.rewards.values()], dtype=torch.float32)
-        adv, diag = self.balancer.balance(R, groups, weights, self.balancer_state,
-                                          self.cfg.advantage.balancer.config)
+        bcfg = self.cfg.advantage.balancer.config
+        extra = {}
+        if self.cfg.advantage.balancer.kind == "marble" and samples is not None:
+            from flowrl.balancers import marble
+
+            if marble.needs_gram(self.balancer_state, bcfg):
+                extra["gram"] = self.reward_gram(marble, R, groups, samples, iteration)
+        adv, diag = self.balancer.balance(R, groups, weights, self.balancer_state, bcfg, **extra)
         return self.objective.prepare_advantages(adv, groups, self.cfg.objective.config), diag
+
+    def reward_gram(self, marble, R: Tensor, groups: Tensor, samples, iteration: int) -> Tensor:
+        """MARBLE's K×K Gram of per-reward loss gradients on the first micro-batch of this process (K backward
+        passes through the objective at its first training σ / stored step), averaged over processes."""
+        import dataclasses
+
+        A_k = marble.reward_advantages(R, groups, self.cfg.advantage.balancer.config)[self.dist.local_slice(R.shape[0])]
+        idx = torch.arange(min(self.cfg.train.micro_batch, A_k.shape[0]))
+        gen = torch.Generator().manual_seed(derived_seed(self.cfg.run.seed, iteration, "gram"))
+        batch = self.train_batches(samples, A_k[:, 0], idx, gen)[0]
+
+        def loss_of(adv: Tensor, mask: Tensor) -> Tensor:
+            return self.loss(self.policy, dataclasses.replace(batch, advantages=adv, mask=mask)).loss
+
+        return marble.gradient_gram(loss_of, A_k[idx], self.params, reduce=self.dist.mean)
 
     # ---------------------------------------------------------------------------------------- updates
     def train_batches(self, samples, adv: Tensor, idx: Tensor, gen: torch.Generator) -> list:

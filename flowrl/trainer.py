@@ -126,7 +126,7 @@ class Trainer:
         cfg = self.cfg
         samples = self.rollout(it)
         R, reward_metrics = self.score(samples)                 # R (N, K) over all processes
-        adv, adv_metrics = self.advantages(R, it)               # (N,)
+        adv, adv_metrics = self.advantages(R, it, samples)      # (N,)
         local = adv[self.dist.local_slice(adv.shape[0])]
         keep = torch.isfinite(local)
         metrics = {**reward_metrics, **adv_metrics}
@@ -174,13 +174,13 @@ class Trainer:
         self.reward_names = list(out.names)
         return R, metrics
 
-    def advantages(self, R: Tensor, it: int) -> tuple[Tensor, dict]:
+    def advantages(self, R: Tensor, it: int, samples: Samples | None = None) -> tuple[Tensor, dict]:
         """R (N, K) → A (N,) through the configured balancer, then |A| ≤ advantage.clip."""
         cfg = self.cfg
         P, G = cfg.train.prompts_per_iter, cfg.train.group_size
         groups = torch.arange(P).repeat_interleave(G)
         finite = torch.where(torch.isinf(R), torch.full_like(R, float("nan")), R)
-        adv, diag = self.parts.balance(finite, groups)
+        adv, diag = self.parts.balance(finite, groups, samples, it)
         if cfg.advantage.clip is not None:
             adv = adv.clamp(-cfg.advantage.clip, cfg.advantage.clip)
         from flowrl.advantages import zero_std_ratio

@@ -68,3 +68,14 @@ def test_tiny_model_families_end_to_end(tmp_path, family):
     t = Trainer(cfg)
     start = {k: v.clone() for k, v in t.policy.adapter_state_dict("train").items()}
     check_trained(t, t.run(), tmp_path / "run", start)
+
+
+def test_multi_reward_marble_gets_its_gram_and_logs_alpha(tmp_path):
+    ov = toy_overrides(tmp_path, "nft") + ["rewards={shapes: 1.0, shapes_clean: 0.5}",
+                                           "advantage.balancer={kind: marble, solve_every: 1}",
+                                           "eval.before=false", "eval.after=false"]
+    t = Trainer(load_config(None, ov))
+    start = {k: v.clone() for k, v in t.policy.adapter_state_dict("train").items()}
+    recs = check_trained(t, t.run(), tmp_path / "run", start)
+    assert recs[-1]["adv/solved"] == 1 and abs(recs[-1]["adv/alpha_0"] + recs[-1]["adv/alpha_1"] - 1) < 1e-5
+    assert t.parts.balancer_state["solves"] == 2
