@@ -55,7 +55,7 @@ def ocr_score(recognized: str, target: str | None) -> float:
 class PaddleEngine:
     """PaddleOCR 2.x (``ocr(img, cls=False)``, the anchor's 2.9.1) or 3.x (``predict``)."""
 
-    def __init__(self, cfg: "Config"):
+    def __init__(self, cfg: Config):
         from paddleocr import PaddleOCR
 
         try:  # 2.x signature, as the anchor
@@ -81,7 +81,7 @@ class PaddleEngine:
 class RapidEngine:
     """RapidOCR (``rapidocr`` ≥2 or ``rapidocr_onnxruntime`` 1.x)."""
 
-    def __init__(self, cfg: "Config"):
+    def __init__(self, cfg: Config):
         try:
             from rapidocr import RapidOCR
         except ImportError:

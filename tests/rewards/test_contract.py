@@ -1,5 +1,6 @@
 """Bad input produces one clear error naming the reward; NaN ("does not apply") is accepted."""
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def test_batches_on_device_and_returns_cpu():
 
 def test_setup_called_once_with_device_and_dtype():
     class Lazy:
-        calls = []
+        calls: ClassVar[list] = []
 
         def setup(self, device, dtype):
             self.calls.append((device, dtype))

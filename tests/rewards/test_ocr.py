@@ -1,6 +1,7 @@
 """OCR reward: the Flow-GRPO formula with a fake engine; Levenshtein against an independent reference."""
 import math
 from functools import lru_cache
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def test_formula():
 
 class FakeEngine:
     """Reads the text stored in the image's mean brightness: a lookup the test controls."""
-    table = {0: "Hello Wrld", 255: "nothing here"}  # class body: the reward imports this module by name
+    table: ClassVar[dict] = {0: "Hello Wrld", 255: "nothing here"}  # class body: the reward imports this module by name
 
     def __init__(self, cfg):
         self.cfg = cfg

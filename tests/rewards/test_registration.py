@@ -4,10 +4,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from rewards import REWARDS, RewardError, RewardSet, make_input, register

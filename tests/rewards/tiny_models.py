@@ -23,11 +23,11 @@ def hf_clip_dir(path: Path, image_size: int = 32, seed: int = 0) -> Path:
                             crop_size={"height": image_size, "width": image_size})
     CLIPProcessor(image_processor=ip, tokenizer=tok).save_pretrained(path)
     bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=2, max_position_embeddings=77, projection_dim=PROJ,
-                bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  image_size=image_size, patch_size=8, projection_dim=PROJ)
+    layers = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "projection_dim": PROJ}
+    text = {**layers, "vocab_size": len(vocab), "max_position_embeddings": 77, "bos_token_id": bos,
+            "eos_token_id": eos, "pad_token_id": eos}
+    vision = {**layers, "image_size": image_size, "patch_size": 8}
     torch.manual_seed(seed)
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=PROJ))
     with torch.no_grad():

@@ -1,0 +1,77 @@
+"""Client reward that asks a ``rewards.server`` over HTTP (Flow-GRPO's remote GenEval pattern, reference A §2.9).
+
+Retries on connection errors, timeouts and 5xx replies with exponential backoff
+(``backoff_s · 2^attempt``); a 4xx reply is the caller's fault and raises at once with the server's reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rewards.base import RewardInput
+from rewards.wire import CONTENT_TYPE, decode_scores, encode_request
+
+
+@dataclass
+class Config:
+    url: str = "http://127.0.0.1:18085"
+    token: str | None = None                  # else $token_env
+    token_env: str = "FLOWRL_REWARD_TOKEN"
+    timeout_s: float = 300.0
+    retries: int = 3
+    backoff_s: float = 1.0
+    pixel_format: str = "uint8"               # or "float32" / "float16"
+
+
+class RemoteRewardError(RuntimeError):
+    """The server refused the request (4xx) or stayed unreachable after the retries."""
+
+
+class RemoteReward:
+    """Scores a batch by POSTing it to ``{url}/score``; returns the server's {"score", ...} dict."""
+
+    Config = Config
+    name = "remote"
+
+    def __init__(self, cfg: Config | None = None):
+        self.cfg = cfg or Config()
+        self.token = self.cfg.token or os.environ.get(self.cfg.token_env)
+        if not self.token:
+            raise ValueError(f"remote reward at {self.cfg.url}: no token; set kwargs.token or ${self.cfg.token_env}")
+
+    def _post(self, body: bytes) -> bytes:
+        req = urllib.request.Request(self.cfg.url.rstrip("/") + "/score", data=body, method="POST", headers={
+            "Content-Type": CONTENT_TYPE, "Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+            return resp.read()
+
+    def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
+        body = encode_request(batch, self.cfg.pixel_format)
+        last = None
+        for attempt in range(self.cfg.retries + 1):
+            if attempt:
+                time.sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
+            try:
+                return decode_scores(self._post(body))
+            except urllib.error.HTTPError as e:
+                reason = _reason(e)
+                if 400 <= e.code < 500:
+                    raise RemoteRewardError(f"{self.cfg.url} refused the request ({e.code}): {reason}") from e
+                last = f"HTTP {e.code}: {reason}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        raise RemoteRewardError(f"{self.cfg.url} failed after {self.cfg.retries + 1} attempts; last: {last}")
+
+
+def _reason(e: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(e.read()).get("error", e.reason)
+    except Exception:  # noqa: BLE001 - a non-JSON error body: fall back to the status text
+        return str(e.reason)
+
