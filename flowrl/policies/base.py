@@ -10,8 +10,9 @@ copying weights; only the "train" adapter's parameters ever require grad.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn

@@ -11,8 +11,8 @@ steps"). ``store``/``copy_to``/``restore`` swap the averaged values into the liv
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import Tensor, nn

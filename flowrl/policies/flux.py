@@ -18,8 +18,8 @@ comment "In FLUX, 0.9"), LoRA r=64/α=128 with the FF layers added (reference A 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -64,7 +64,7 @@ def pack_latents(x: Tensor) -> Tensor:
 
 def unpack_latents(tokens: Tensor, h: int, w: int) -> Tensor:
     """Inverse of ``pack_latents`` for latent height ``h`` and width ``w``."""
-    b, n, d = tokens.shape
+    b, _, d = tokens.shape
     x = tokens.view(b, h // 2, w // 2, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
     return x.reshape(b, d // 4, h, w)
 
@@ -94,7 +94,7 @@ class FluxPolicy(PolicyBase):
 
     @classmethod
     def from_pretrained(cls, path: str = HUB_IDS["flux.1-dev"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> "FluxPolicy":
+                        device: torch.device | str = "cpu", config: Config | None = None) -> FluxPolicy:
         """Load every component with its ``from_pretrained(path, subfolder=...)``; VAE kept float32."""
         config = config or cls._saved_config(path)
         policy = cls(comp.load_components(path, SPEC, dtype, device), config, device, dtype)
@@ -102,7 +102,7 @@ class FluxPolicy(PolicyBase):
         return policy
 
     @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> "FluxPolicy":
+    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> FluxPolicy:
         """Tiny offline FLUX (diffusers test sizes + guidance embedding, reference D §3.3), float32."""
         from flowrl.policies.tiny import flux_components
 

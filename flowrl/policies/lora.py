@@ -62,8 +62,8 @@ def adapter_names(model: nn.Module) -> list[str]:
     """Names of the adapters injected into ``model`` (in injection order)."""
     names: list[str] = []
     for _, m in tuner_layers(model):
-        for a in m.lora_A.keys():
-            plain = a[len(PREFIX):] if a.startswith(PREFIX) else a
+        for a in m.lora_A:
+            plain = a.removeprefix(PREFIX)
             if plain not in names:
                 names.append(plain)
     return names

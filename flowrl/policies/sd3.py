@@ -12,8 +12,8 @@ the joint-attention projections (reference A §2.4), max_sequence_length 256 (pi
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -65,7 +65,7 @@ class SD3Policy(PolicyBase):
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str = HUB_IDS["sd3.5-medium"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> "SD3Policy":
+                        device: torch.device | str = "cpu", config: Config | None = None) -> SD3Policy:
         """Load every component with its ``from_pretrained(path, subfolder=...)``; VAE kept float32.
         A directory written by ``save_pretrained`` also restores its adapters."""
         config = config or cls._saved_config(path)
@@ -75,7 +75,7 @@ class SD3Policy(PolicyBase):
         return policy
 
     @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> "SD3Policy":
+    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> SD3Policy:
         """Tiny offline SD3 (diffusers test sizes, reference D §3.3), float32, random weights."""
         from flowrl.policies.tiny import sd3_components
 

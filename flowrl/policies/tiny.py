@@ -25,7 +25,7 @@ CORPUS_WORDS = (
 
 def _corpus() -> list[str]:
     words = CORPUS_WORDS.split()
-    return [" ".join(words[i:i + 8]) for i in range(0, len(words))] + words
+    return [" ".join(words[i:i + 8]) for i in range(len(words))] + words
 
 
 def _train_bpe(specials: list[str], unk: str, vocab_size: int):
@@ -76,9 +76,9 @@ def t5_encoder(umt5: bool = False):
     """T5 (or UMT5) encoder with d_model 32 (reference D §3.3: diffusers' allegro test config, d_model → 32)."""
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    kw = dict(d_ff=37, d_kv=8, d_model=32, num_decoder_layers=2, num_heads=4, num_layers=2,
-              relative_attention_num_buckets=8, vocab_size=1103, pad_token_id=0, eos_token_id=1,
-              decoder_start_token_id=0)
+    kw = {"d_ff": 37, "d_kv": 8, "d_model": 32, "num_decoder_layers": 2, "num_heads": 4, "num_layers": 2,
+          "relative_attention_num_buckets": 8, "vocab_size": 1103, "pad_token_id": 0, "eos_token_id": 1,
+          "decoder_start_token_id": 0}
     model = UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))
     return model.eval()
 

@@ -15,8 +15,8 @@ Defaults: CFG 5.0, max_sequence_length 512 (pipeline ``__call__``), LoRA r=32/α
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -75,7 +75,7 @@ class WanPolicy(PolicyBase):
 
     @classmethod
     def from_pretrained(cls, path: str = HUB_IDS["wan2.1-t2v-1.3b"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> "WanPolicy":
+                        device: torch.device | str = "cpu", config: Config | None = None) -> WanPolicy:
         """Load every component with its ``from_pretrained(path, subfolder=...)``; VAE kept float32; the
         scheduler config becomes a flow-match Euler scheduler (see module docstring)."""
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -89,7 +89,7 @@ class WanPolicy(PolicyBase):
         return policy
 
     @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> "WanPolicy":
+    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> WanPolicy:
         """Tiny offline Wan (diffusers test sizes, UMT5 text encoder; reference D §3.3), float32."""
         from flowrl.policies.tiny import wan_components
 

@@ -12,9 +12,9 @@ Two modes behind one interface (composed into every policy):
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn

@@ -84,7 +84,7 @@ def test_decode_matches_pipeline(saved, pipe):
     policy, _ = saved
     x = policy.noise(generators(1), H, W)
     pipe.set_progress_bar_config(disable=True)
-    kw = dict(prompt=PROMPTS[:1], num_inference_steps=1, height=H, width=W, max_sequence_length=16)
+    kw = {"prompt": PROMPTS[:1], "num_inference_steps": 1, "height": H, "width": W, "max_sequence_length": 16}
     img = pipe(latents=pack_latents(x), output_type="pt", **kw).images
     final = pipe(latents=pack_latents(x), output_type="latent", **kw).images
     torch.testing.assert_close(policy.decode(unpack_latents(final, H, W)), img.float(), atol=1e-5, rtol=0)

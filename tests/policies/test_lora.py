@@ -19,7 +19,10 @@ class Attn(nn.Module):
         return self.to_out[0](self.to_q(x) * torch.sigmoid(self.to_k(x)) + self.to_v(self.norm(x)))
 
 
-def make(lora_config=LoraConfig(rank=4, alpha=8), keep_base=True, seed=0):
+SMALL = LoraConfig(rank=4, alpha=8)
+
+
+def make(lora_config=SMALL, keep_base=True, seed=0):
     torch.manual_seed(seed)
     return TransformerWeights(Attn(), lora_config, keep_base)
 
@@ -82,17 +85,15 @@ def test_only_train_requires_grad_after_any_switch(sequence):
 
 def test_context_restores_on_error():
     w = make()
-    with pytest.raises(RuntimeError):
-        with w.use("old"):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), w.use("old"):
+        raise RuntimeError("boom")
     assert w.active == "train" and lora.active_adapter(w.transformer) == "train"
 
 
 def test_unknown_adapter_is_a_clear_error():
     w = make()
-    with pytest.raises(KeyError, match="choose one of"):
-        with w.use("ref"):
-            pass
+    with pytest.raises(KeyError, match="choose one of"), w.use("ref"):
+        pass
 
 
 def test_soft_update_and_copy_closed_form():
@@ -157,9 +158,8 @@ def test_full_finetune_mode():
     with w.use("old"):
         assert (run(w, x) - base).abs().max() > 1e-4
     no_base = make(lora_config=None, keep_base=False)
-    with pytest.raises(KeyError, match="keep_base"):
-        with no_base.use(None):
-            pass
+    with pytest.raises(KeyError, match="keep_base"), no_base.use(None):
+        pass
 
 
 def test_forward_goes_through_a_wrapper_when_set():

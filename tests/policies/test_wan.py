@@ -41,8 +41,8 @@ def test_decode_matches_pipeline(saved, pipe):
     policy, _ = saved
     x = policy.noise(generators(1), H, W, F)
     pipe.set_progress_bar_config(disable=True)
-    kw = dict(prompt=PROMPTS[:1], num_inference_steps=1, guidance_scale=1.0, height=H, width=W, num_frames=F,
-              max_sequence_length=16)
+    kw = {"prompt": PROMPTS[:1], "num_inference_steps": 1, "guidance_scale": 1.0, "height": H, "width": W,
+          "num_frames": F, "max_sequence_length": 16}
     video = pipe(latents=x.clone(), output_type="pt", **kw).frames
     final = pipe(latents=x.clone(), output_type="latent", **kw).frames
     out = policy.decode(final)
