@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rewards import RewardSet, make_input  # noqa: E402
+from rewards import RewardSet, make_input
 
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 VIDEO_EXT = {".gif", ".mp4", ".webm", ".mov", ".avi"}
@@ -103,7 +103,10 @@ def format_table(rows: list[dict]) -> str:
     cols = list(rows[0])
     cells = [[_fmt(r[c]) for c in cols] for r in rows]
     widths = [min(max(len(c), *(len(x[i]) for x in cells)), 40) for i, c in enumerate(cols)]
-    line = lambda xs: "  ".join(x[:w].ljust(w) for x, w in zip(xs, widths))  # noqa: E731
+
+    def line(xs):
+        return "  ".join(x[:w].ljust(w) for x, w in zip(xs, widths))
+
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
 
