@@ -112,3 +112,18 @@ def test_satisfies_policy_protocol(saved):
     assert isinstance(policy, Policy)
     assert (policy.family, policy.default_guidance, policy.default_noise_level) == ("flux", 3.5, 0.9)
     assert (policy.config.lora.rank, policy.config.lora.alpha) == (64, 128)
+
+
+@pytest.mark.parametrize("steps,size", [(6, 8), (28, 16), (28, 64)])
+def test_sigmas_equal_the_pipeline_recipe(saved, steps, size):
+    """FluxPipeline step 5: sigmas = linspace(1, 1/N, N), μ = calculate_shift(image_seq_len), set_timesteps."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    policy, _ = saved
+    latents = torch.zeros(1, *policy.latent_shape(size, size))
+    sched = FlowMatchEulerDiscreteScheduler.from_config(policy.scheduler_config)
+    mu = calculate_shift(latents.shape[-1] * latents.shape[-2] // 4, 256, 4096, 0.5, 1.15)
+    sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    assert torch.equal(policy.sigmas(steps, latents), sched.sigmas)

@@ -196,3 +196,13 @@ def test_save_preset_loads_through_the_real_path(tmp_path):
     assert loaded.config.max_sequence_length == 256
     with pytest.raises(ValueError, match="tiny presets"):
         save_preset("toy", tmp_path)
+
+
+@pytest.mark.parametrize("steps", [1, 10, 40])
+def test_sigmas_equal_the_scheduler(saved, steps):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    policy, _ = saved
+    sched = FlowMatchEulerDiscreteScheduler.from_config(policy.scheduler_config)
+    sched.set_timesteps(steps)
+    assert torch.equal(policy.sigmas(steps, torch.zeros(1, 4, H, W)), sched.sigmas)
