@@ -16,6 +16,7 @@ reference could not confirm whether Stream-R1 back-propagates it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ class Config:
 
     axes: dict[str, str] = field(default_factory=lambda: {"visual_quality": "video_frame_mean",
                                                           "motion_quality": "temporal_consistency"})
-    axis_kwargs: dict[str, dict] = field(default_factory=dict)   # per-axis reward constructor kwargs
+    axis_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)   # per-axis reward constructor kwargs
     axis_mean: dict[str, float] = field(default_factory=dict)    # μ_d (default 0)
     axis_std: dict[str, float] = field(default_factory=dict)     # σ_d (default 1)
     beta: float = 2.0

@@ -40,8 +40,9 @@ def weights(trainer):
 
 @pytest.mark.parametrize("recipe,extra", [
     ("tiny.yaml", []),
+    ("tiny_stream_r1.yaml", []),                                          # rewards/ plugins by name
     ("tiny_stream_r1.yaml", ["stream_r1.axes={visual_quality: distill_test_brightness, "
-                             "motion_quality: distill_test_smoothness}"]),
+                             "motion_quality: distill_test_smoothness}", "stream_r1.axis_kwargs={}"]),
     ("tiny_rmd.yaml", ["rmd.chunk_stage_iterations=2"]),
 ])
 def test_iterate_checkpoint_resume(recipe, extra, tmp_path):
