@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     from flowrl.trainer import train
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
     report(summary)
     return summary
 
