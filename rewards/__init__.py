@@ -34,9 +34,18 @@ def register(name: str):
     return REWARDS.register(name)
 
 
-from rewards.base import RewardError, RewardInput, make_input  # noqa: E402
-from rewards.compose import RewardScores, RewardSet, RewardSpec  # noqa: E402
-from rewards.build import build_reward  # noqa: E402
+from rewards.base import RewardError, RewardInput, make_input
+from rewards.build import build_reward
+from rewards.compose import RewardScores, RewardSet, RewardSpec
 
-__all__ = ["REWARDS", "register", "RewardInput", "RewardError", "make_input", "RewardSet", "RewardSpec",
-           "RewardScores", "build_reward"]
+__all__ = [
+    "REWARDS",
+    "RewardError",
+    "RewardInput",
+    "RewardScores",
+    "RewardSet",
+    "RewardSpec",
+    "build_reward",
+    "make_input",
+    "register",
+]

@@ -13,14 +13,15 @@ reference B §4.1 NaN masks).  Rewards with weights load them lazily in ``setup(
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from flowrl.types import RewardInput
 
-__all__ = ["RewardInput", "Reward", "RewardError", "check_input", "normalize_output", "make_input", "nanmean"]
+__all__ = ["Reward", "RewardError", "RewardInput", "check_input", "make_input", "nanmean", "normalize_output"]
 
 _RANGE_TOL = 1e-3
 

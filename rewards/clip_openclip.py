@@ -20,7 +20,7 @@ def _checkpoint_state(path: str, key: str | None) -> dict:
         if key not in ckpt:
             raise KeyError(f"checkpoint {path!r} has no {key!r} entry (keys: {sorted(ckpt)[:8]})")
         ckpt = ckpt[key]
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in ckpt.items()}
+    return {k.removeprefix("module."): v for k, v in ckpt.items()}
 
 
 def load_open_clip(model_name: str, pretrained: str | None, checkpoint: str | None, checkpoint_key: str | None,

@@ -15,8 +15,9 @@ Weighted sum (Flow-GRPO ``multi_score`` "avg", weights not normalised):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,7 +55,7 @@ class RewardSpec:
         return self.reward or self.name
 
     @classmethod
-    def from_value(cls, name: str, value: Any) -> "RewardSpec":
+    def from_value(cls, name: str, value: Any) -> RewardSpec:
         """Parse one config entry: a RewardSpec, a number (the weight) or a mapping of RewardSpec fields."""
         if isinstance(value, RewardSpec):
             return value
@@ -130,7 +131,7 @@ class RewardSet:
         ]
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], device: str | torch.device = "cpu") -> "RewardSet":
+    def from_config(cls, config: Mapping[str, Any], device: str | torch.device = "cpu") -> RewardSet:
         """Build from the mapping a YAML loader gives (name → weight or {reward, weight, kwargs, ...})."""
         if not isinstance(config, Mapping):
             raise RewardError(f"rewards config must be a mapping name → spec, got {type(config).__name__}")
@@ -144,7 +145,7 @@ class RewardSet:
     def weights(self) -> Tensor:
         return torch.tensor([s.weight for s in self.specs], dtype=torch.float32)
 
-    def setup(self) -> "RewardSet":
+    def setup(self) -> RewardSet:
         """Load every reward's weights now (otherwise each loads on first use)."""
         for r in self.rewards:
             r.setup()

@@ -9,7 +9,7 @@ The anchors feed rewards PIL images made from uint8, so ``quantize_uint8`` round
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +20,12 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def quantize_uint8(x: Tensor) -> Tensor:
-    """round(255·x)/255: the values a PIL image made from these pixels holds."""
-    return (x * 255).round().clamp(0, 255) / 255
+    """round(255·x)/255: the values a PIL image made from these pixels holds.
+
+    Straight-through: the forward value is quantised, the gradient passes as identity, so differentiable
+    rewards (reward-gradient distillation) keep a gradient w.r.t. the pixels."""
+    q = (x * 255).round().clamp(0, 255) / 255
+    return x + (q - x).detach() if x.requires_grad else q
 
 
 def _resize(x: Tensor, hw: tuple[int, int], mode: str) -> Tensor:

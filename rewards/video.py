@@ -37,11 +37,23 @@ class VideoFrameMean:
         self.inner = None
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.build import build_reward
+        from rewards.build import instantiate, resolve
 
-        self.inner = build_reward(self.cfg.reward, self.cfg.kwargs, name=f"video_frame_mean[{self.cfg.reward}]",
-                                  device=device, dtype=dtype, batch_size=self.cfg.batch_size)
-        self.inner.setup()
+        name = f"video_frame_mean[{self.cfg.reward}]"
+        self.inner = instantiate(resolve(self.cfg.reward), self.cfg.kwargs, name)
+        if callable(getattr(self.inner, "setup", None)):
+            self.inner.setup(device, dtype)
+        if "image" not in tuple(getattr(self.inner, "accepts", ("image",))):
+            raise ValueError(f"{name}: the wrapped reward must accept images")
+
+    def _score_frames(self, frames: RewardInput) -> dict[str, Tensor]:
+        """The inner reward on (B·F) frames in chunks, as {"score", ...}; raw call, so gradients survive."""
+        n, size = len(frames), self.cfg.batch_size or len(frames)
+        parts = []
+        for i in range(0, n, size):
+            out = self.inner(frames.select(range(i, min(i + size, n))))
+            parts.append(dict(out) if isinstance(out, dict) else {"score": torch.as_tensor(out)})
+        return {k: torch.cat([p[k].float().reshape(-1) for p in parts]) for k in parts[0]}
 
     def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
         video = batch.pixels[:, :: self.cfg.frame_stride]
@@ -52,8 +64,8 @@ class VideoFrameMean:
             group_ids=batch.group_ids.repeat_interleave(f),
             meta=[m for m in batch.meta for _ in range(f)],
         )
-        out = self.inner(frames)
-        return {k: nanmean(v.view(b, f), dim=1) for k, v in out.items()}
+        out = self._score_frames(frames)
+        return {k: nanmean(v.reshape(b, f), dim=1) for k, v in out.items()}
 
 
 @dataclass

@@ -91,3 +91,20 @@ def test_aesthetic_missing_weights_is_clear(clip_dir, tmp_path):
                                                         "mlp_weights": str(tmp_path / "nope.pth")}}})
     with pytest.raises(RewardError, match="aesthetic.*not found.*improved-aesthetic-predictor"):
         rs(make_input(_images()))
+
+
+def test_gradient_reaches_pixels_through_video_frame_mean(clip_dir):
+    """Called raw (as reward-gradient distillation does), PickScore inside video_frame_mean is differentiable
+    w.r.t. the pixels despite the uint8 rounding (straight-through)."""
+    from rewards.video import FrameMeanConfig, VideoFrameMean
+
+    r = VideoFrameMean(FrameMeanConfig(reward="pickscore", kwargs={"model": str(clip_dir),
+                                                                   "processor": str(clip_dir)}))
+    r.setup(torch.device("cpu"), torch.float32)
+    video = torch.rand(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    out = r(make_input(video, PROMPTS[:2]))
+    out["score"].sum().backward()
+    assert video.grad is not None and torch.isfinite(video.grad).all() and video.grad.abs().sum() > 0
+    with torch.no_grad():
+        frames = r.inner(make_input(video.detach().flatten(0, 1), [p for p in PROMPTS[:2] for _ in range(3)]))
+    torch.testing.assert_close(out["score"].detach(), frames.view(2, 3).mean(1))
