@@ -25,6 +25,7 @@ class ModelConfig:
     """Where the three roles come from. Empty paths with ``tiny: true`` build diffusers' tiny Wan offline."""
 
     tiny: bool = True
+    policy: str = ""             # build every role from a flowrl WanPolicy: "tiny" or a diffusers Wan dir
     teacher: str = ""            # diffusers Wan checkpoint dir (Self-Forcing: Wan2.1-T2V-14B)
     student_init: str = ""       # bidirectional (or causal) Wan checkpoint for the student; "" = teacher
     critic_init: str = ""        # fake-score init; "" = student_init

@@ -59,8 +59,39 @@ def _load(path: str, mc, trainable: bool = False) -> CausalWan:
                                      window_frames=mc.window_frames, sink_frames=mc.sink_frames)
 
 
+class PolicyText(nn.Module):
+    """Text embeddings from a ``WanPolicy`` (its UMT5 + tokenizer, the pipeline's ``encode_prompt``)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, prompts) -> Tensor:
+        return self.policy.encode(list(prompts), cfg=False).embeds["prompt_embeds"].float()
+
+
+def roles_from_policy(policy, mc) -> Roles:
+    """Teacher = the policy's transformer (frozen); student and critic = float32 copies of it, made causal;
+    text encoder and VAE = the policy's."""
+    tr = policy.transformer
+    student = _wrap(copy.deepcopy(tr).float(), mc)
+    critic = _wrap(copy.deepcopy(tr).float(), mc)
+    return Roles(student, _wrap(tr, mc), critic, PolicyText(policy), policy.vae)
+
+
+def _policy(mc):
+    from flowrl.policies.wan import Config, WanPolicy
+
+    cfg = Config(lora=None, max_sequence_length=mc.text_len)
+    if mc.policy == "tiny":
+        return WanPolicy.tiny(config=cfg)
+    return WanPolicy.from_pretrained(mc.policy, dtype=_dtype(mc.dtype), config=cfg)
+
+
 def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
-    """Build every role from a ``ModelConfig`` (tiny offline models, or diffusers checkpoints)."""
+    """Build every role from a ``ModelConfig`` (a WanPolicy, tiny offline models, or diffusers checkpoints)."""
+    if mc.policy:
+        return _finish(roles_from_policy(_policy(mc), mc), mc, chunk_teacher_path)
     if mc.tiny and not mc.teacher:
         teacher_tr = tiny_wan(0)
         student = _wrap(copy.deepcopy(teacher_tr), mc)
@@ -83,11 +114,16 @@ def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
         vae = AutoencoderKLWan.from_pretrained(mc.vae, subfolder="vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(0)
-    chunk_teacher = _load(chunk_teacher_path, mc) if chunk_teacher_path else None
-    for frozen in (teacher, chunk_teacher, vae, text_encoder):
+    return _finish(Roles(student, teacher, critic, text_encoder, vae), mc, chunk_teacher_path)
+
+
+def _finish(roles: Roles, mc, chunk_teacher_path: str) -> Roles:
+    """Chunk teacher, frozen roles without grad, optional gradient checkpointing."""
+    roles.chunk_teacher = _load(chunk_teacher_path, mc) if chunk_teacher_path else None
+    for frozen in (roles.teacher, roles.chunk_teacher, roles.vae, roles.text_encoder):
         if frozen is not None:
             frozen.requires_grad_(False).eval()
     if mc.gradient_checkpointing:
-        student.transformer.enable_gradient_checkpointing()
-        critic.transformer.enable_gradient_checkpointing()
-    return Roles(student, teacher, critic, text_encoder, vae, chunk_teacher)
+        roles.student.transformer.enable_gradient_checkpointing()
+        roles.critic.transformer.enable_gradient_checkpointing()
+    return roles

@@ -72,3 +72,16 @@ def test_stream_r1_reward_gradient_opt_in():
     w, _ = stream_r1_weight(x, R, Batch(["p"], None, None), cfg, extras)
     w.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0               # reward gradient reaches the student
+
+
+def test_roles_from_wan_policy_train_one_step(tmp_path):
+    """The flowrl WanPolicy (tiny, real UMT5 + tokenizer path) supplies teacher, text encoder and VAE."""
+    from flowrl.distill.config import load_config
+    from flowrl.distill.trainer import DistillTrainer
+
+    cfg = load_config(str(REPO / "configs/distill/tiny.yaml"),
+                      ["model.policy=tiny", "model.text_len=16", f"output_dir={tmp_path}", "save_every=100"])
+    tr = DistillTrainer(cfg)
+    assert tr.roles.text_encoder(["a fox"]).shape == (1, 16, 32)
+    metrics = tr.train_step(0)
+    assert {"loss/generator", "loss/critic"} <= set(metrics)
