@@ -2,10 +2,10 @@
 preprocessing and formula checked against the processor and a direct computation on the same tensors."""
 import pytest
 import torch
+from reward_tiny_models import PROJ, hf_clip_dir
 
 from rewards import RewardSet, make_input
 from rewards.aesthetic import AestheticMLP
-from tests.rewards.tiny_models import PROJ, hf_clip_dir
 
 pytest.importorskip("transformers")
 

@@ -1,9 +1,7 @@
 """OCR reward: the Flow-GRPO formula with a fake engine; Levenshtein against an independent reference."""
 import math
 from functools import lru_cache
-from typing import ClassVar
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -47,22 +45,10 @@ def test_formula():
     assert math.isnan(ocr_score("anything", None))
 
 
-class FakeEngine:
-    """Reads the text stored in the image's mean brightness: a lookup the test controls."""
-    table: ClassVar[dict] = {0: "Hello Wrld", 255: "nothing here"}  # class body: the reward imports this module by name
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def read(self, images):
-        assert all(isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.shape[-1] == 3 for im in images)
-        return [self.table[int(im.mean().round())] for im in images]
-
-
 def test_reward_with_fake_engine():
     x = torch.stack([torch.zeros(3, 8, 8), torch.ones(3, 8, 8), torch.zeros(3, 8, 8)])
     prompts = ['a sign "hello world"', 'a sign "hello world"', "no quoted text"]
-    rs = RewardSet.from_config({"ocr": {"kwargs": {"engine": "tests.rewards.test_ocr:FakeEngine"}}})
+    rs = RewardSet.from_config({"ocr": {"kwargs": {"engine": "reward_fakes:FakeOCREngine"}}})
     s = rs(make_input(x, prompts)).scores[:, 0]
     assert s[0] == pytest.approx(0.9) and s[1] == 0.0 and math.isnan(s[2])
 

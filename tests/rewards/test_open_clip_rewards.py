@@ -3,10 +3,10 @@ saved to disk) loaded by the real loaders; preprocessing and formulas checked ag
 import pytest
 import torch
 import torch.nn.functional as F
+from reward_tiny_models import open_clip_checkpoint, open_clip_config
 
 from rewards import RewardSet, make_input
 from rewards.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize
-from tests.rewards.tiny_models import open_clip_checkpoint, open_clip_config
 
 open_clip = pytest.importorskip("open_clip")
 

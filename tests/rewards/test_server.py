@@ -8,11 +8,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from reward_fakes import CALLS
 
 from rewards import RewardSet, build_reward, make_input
 from rewards.server import RewardServer
 from rewards.wire import encode_request
-from tests.rewards.fakes import CALLS
 
 TOKEN = "test-token-123"
 
@@ -87,7 +87,7 @@ def test_bad_requests_get_4xx_then_server_still_serves(server):
 
 def test_nan_and_concurrent_requests_are_batched():
     CALLS["sizes"].clear()
-    srv = RewardServer(build_reward("tests.rewards.fakes:half_nan_reward", name="half"), TOKEN)
+    srv = RewardServer(build_reward("reward_fakes:half_nan_reward", name="half"), TOKEN)
     srv.batcher.wait_s = 0.2
     srv.start()
     try:
@@ -109,7 +109,7 @@ def test_nan_and_concurrent_requests_are_batched():
 
 def test_client_retries_on_5xx():
     CALLS["flaky"] = 0
-    srv = RewardServer(build_reward("tests.rewards.fakes:flaky_reward", name="flaky"), TOKEN).start()
+    srv = RewardServer(build_reward("reward_fakes:flaky_reward", name="flaky"), TOKEN).start()
     try:
         out = _remote_set(srv)(make_input(_images(2)))
         torch.testing.assert_close(out.scores[:, 0], torch.full((2,), 7.0))
