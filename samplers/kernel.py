@@ -8,8 +8,9 @@ training-time log-probs come from one function.  All math runs in float32.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -11,8 +11,8 @@ The jump's density does not depend on θ, so Restart gives exploration but no po
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor

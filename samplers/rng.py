@@ -11,7 +11,7 @@ resume rely on this). sha256 makes nearby tuples give unrelated streams and is s
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -10,7 +10,7 @@ Memory: the trajectory buffers (B, K, ...) are allocated once for the K stored s
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from samplers.windows import StepPlan
 def _resolve_kernel(kernel: Kernel | str) -> Kernel:
     if isinstance(kernel, Kernel):
         return kernel
-    from samplers import KERNELS   # lazy: the registry module imports this one's package
+    from samplers import KERNELS  # lazy: the registry module imports this one's package
 
     return KERNELS.get(kernel)
 
@@ -62,7 +62,7 @@ class _Store:
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm   # optional dependency, imported only when asked for
+    from tqdm.auto import tqdm  # optional dependency, imported only when asked for
 
     return tqdm(total=total, desc="sampling", leave=False)
 

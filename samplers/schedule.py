@@ -13,7 +13,7 @@ match to the last bit (``np_linspace`` reproduces numpy's linspace rounding in t
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -5,8 +5,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from samplers import KERNELS
-from samplers import cps, dance_sde, flow_sde, ode
+from samplers import KERNELS, cps, dance_sde, flow_sde, ode
 from samplers.log_prob import gaussian_entropy, gaussian_log_prob
 from samplers.schedule import flow_match_sigmas
 

@@ -8,7 +8,8 @@ import torch
 from flowrl.types import StepOut
 from samplers import KERNELS
 from samplers.kernel import Kernel
-from samplers.restart import Config as RestartConfig, Interval, forward_jump, restart_sample
+from samplers.restart import Config as RestartConfig
+from samplers.restart import Interval, forward_jump, restart_sample
 from samplers.rng import randn_rows, sample_generator
 from samplers.rollout import rollout
 from samplers.schedule import flow_match_sigmas

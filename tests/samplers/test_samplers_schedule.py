@@ -5,8 +5,15 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift as diffusers_calculate_shift
 
-from samplers.schedule import (calculate_shift, check_grid, flow_match_sigmas, flux_sigmas, np_linspace,
-                               timesteps_from_sigmas)
+from samplers.schedule import (
+    calculate_shift,
+    check_grid,
+    flow_match_sigmas,
+    flux_sigmas,
+    np_linspace,
+    timesteps_from_sigmas,
+)
+
 
 # SD3/SD3.5 scheduler config: shift 3.0. Wan2.1 configs: shift 3.0 (480p) / 5.0 (720p); a non-integer too.
 @pytest.mark.parametrize("shift", [1.0, 3.0, 5.0, 7.3])
@@ -20,8 +27,8 @@ def test_static_shift_grid_equals_diffusers(shift, steps):
 
 
 # FLUX.1 scheduler config: dynamic shifting, base 0.5 → max 1.15 over 256 → 4096 image tokens.
-FLUX_CFG = dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                base_image_seq_len=256, max_image_seq_len=4096)
+FLUX_CFG = {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
+                "base_image_seq_len": 256, "max_image_seq_len": 4096}
 
 
 @pytest.mark.parametrize("steps", [1, 6, 28])

@@ -9,8 +9,14 @@ from samplers import KERNELS, WINDOWS
 from samplers.dpm_solver import dpmpp_2m_step, tail_sigmas
 from samplers.log_prob import gaussian_entropy
 from samplers.schedule import flow_match_sigmas
-from samplers.windows import (MergedStep, SlidingWindow, StepPlan, adaptive_merge, merged_step_entropy,
-                              merged_step_std)
+from samplers.windows import (
+    MergedStep,
+    SlidingWindow,
+    StepPlan,
+    adaptive_merge,
+    merged_step_entropy,
+    merged_step_std,
+)
 
 
 def test_all_fixed_and_random_windows():
@@ -20,7 +26,7 @@ def test_all_fixed_and_random_windows():
     win = WINDOWS.get("random")()          # Flow-GRPO-Fast: size 2 in range (0, 10)
     rng = random.Random(0)
     starts = {win.plan(0, 10, rng).sde_steps[0] for _ in range(400)}
-    assert starts == set(range(0, 9))      # start ~ U{0, …, 10 − 2}
+    assert starts == set(range(9))      # start ~ U{0, …, 10 − 2}
     plan = win.plan(0, 10, random.Random(5))
     assert plan.sde_steps == (plan.sde_steps[0], plan.sde_steps[0] + 1)
     assert win.plan(0, 10, random.Random(5)) == plan
@@ -33,7 +39,7 @@ def test_all_fixed_and_random_windows():
 def test_mixgrpo_sliding_window_anchor_schedule():
     """MixGRPO: 25 steps, window 4, stride 1, advance every 25 iterations, max index 23, roll back."""
     win = SlidingWindow()
-    got = {n: win.plan(n, 25).sde_steps for n in range(0, 25 * 24 + 1)}
+    got = {n: win.plan(n, 25).sde_steps for n in range(25 * 24 + 1)}
     assert got[0] == got[24] == (0, 1, 2, 3)
     assert got[25] == (1, 2, 3, 4) and got[49] == (1, 2, 3, 4) and got[50] == (2, 3, 4, 5)
     assert got[25 * 19] == (19, 20, 21, 22)
@@ -46,7 +52,7 @@ def test_mixgrpo_sliding_window_anchor_schedule():
 
 def test_sliding_window_state_round_trip():
     win = SlidingWindow()
-    for n in range(0, 137):
+    for n in range(137):
         win.plan(n, 25)
     state = win.state_dict()
     fresh = SlidingWindow()
