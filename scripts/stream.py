@@ -2,7 +2,7 @@
 are decoded; per-chunk latency and FPS are reported, and the whole video is written to an MP4 at the end.
 
     python scripts/stream.py --config configs/distill/tiny.yaml --prompt "a fox in snow" --out fox.mp4 \
-        [--checkpoint runs/distill_tiny] [--ema] [--frames-dir DIR] [key=value ...]
+        [--checkpoint runs/distill_tiny] [--ema] [--original self_forcing_dmd.pt] [--frames-dir DIR] [key=value ...]
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", default="stream.mp4")
     ap.add_argument("--checkpoint", default="", help="run dir or checkpoint dir with distilled weights")
     ap.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint")
+    ap.add_argument("--original", default="", help="a Self-Forcing/CausVid/RMD .pt generator checkpoint instead")
+    ap.add_argument("--original-key", default="generator_ema", help="entry of the .pt to load")
     ap.add_argument("--frames-dir", default="", help="also write each chunk's frames as PNGs when emitted")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fps", type=int, default=16)
@@ -37,6 +39,10 @@ def main(argv: list[str] | None = None) -> dict:
     roles = build_roles(cfg.model).to("cuda" if torch.cuda.is_available() else "cpu")
     if args.checkpoint:
         load_student_weights(roles.student, args.checkpoint, ema=args.ema)
+    if args.original:
+        from flowrl.distill.components import original_wan_state_dict
+
+        roles.student.transformer.load_state_dict(original_wan_state_dict(args.original, args.original_key))
     prompt = args.prompt or cfg.prompt_list()[0]
 
     def on_chunk(chunk):

@@ -96,3 +96,31 @@ def decode_video(vae: nn.Module, latents: Tensor) -> Tensor:
     z = latents.to(vae.dtype) * std.to(vae.dtype) + mean.to(vae.dtype)
     video = vae.decode(z, return_dict=False)[0].float()
     return ((video + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+
+ORIGINAL_PREFIXES = ("model.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def original_wan_state_dict(path: str, key: str | None = "generator_ema") -> dict[str, Tensor]:
+    """A Self-Forcing / CausVid / RMD ``.pt`` generator checkpoint in diffusers' key names.
+
+    Those checkpoints hold ``{"generator": sd, "generator_ema": sd, ...}`` with original Wan keys under a
+    ``model.`` prefix (``WanDiffusionWrapper.model``, FSDP wrappers); keys are renamed with diffusers' own
+    ``convert_wan_transformer_to_diffusers`` (the ``TRANSFORMER_KEYS_RENAME_DICT`` of reference D §3.1)."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if key is not None and isinstance(ckpt, dict) and key in ckpt:
+        ckpt = ckpt[key]
+    elif key is not None and isinstance(ckpt, dict) and any(k in ckpt for k in ("generator", "generator_ema")):
+        raise KeyError(f"{path}: no {key!r} entry; it holds {sorted(k for k in ckpt if isinstance(k, str))}")
+    sd = {}
+    for k, v in ckpt.items():
+        changed = True
+        while changed:
+            changed = False
+            for p in ORIGINAL_PREFIXES:
+                if k.startswith(p):
+                    k, changed = k[len(p):], True
+        sd[k] = v
+    return convert_wan_transformer_to_diffusers(sd)

@@ -29,6 +29,8 @@ class ModelConfig:
     teacher: str = ""            # diffusers Wan checkpoint dir (Self-Forcing: Wan2.1-T2V-14B)
     student_init: str = ""       # bidirectional (or causal) Wan checkpoint for the student; "" = teacher
     critic_init: str = ""        # fake-score init; "" = student_init
+    student_original: str = ""   # then overwrite the student with an original-format .pt (e.g. Self-Forcing ode_init.pt)
+    student_original_key: str = "generator"   # entry of that .pt ("generator" | "generator_ema")
     text_encoder: str = ""       # Wan checkpoint dir with text_encoder/ + tokenizer/; "" = offline hash encoder
     vae: str = ""                # Wan checkpoint dir with vae/; "" = tiny VAE
     dtype: str = "float32"       # "bfloat16" for real models

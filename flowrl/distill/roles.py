@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.distill.causal_wan import CausalWan
-from flowrl.distill.components import HashTextEncoder, T5TextEncoder, tiny_vae, tiny_wan
+from flowrl.distill.components import (HashTextEncoder, T5TextEncoder, original_wan_state_dict, tiny_vae,
+                                       tiny_wan)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -120,6 +121,9 @@ def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
 def _finish(roles: Roles, mc, chunk_teacher_path: str) -> Roles:
     """Chunk teacher, frozen roles without grad, optional gradient checkpointing."""
     roles.chunk_teacher = _load(chunk_teacher_path, mc) if chunk_teacher_path else None
+    if mc.student_original:
+        sd = original_wan_state_dict(mc.student_original, mc.student_original_key)
+        roles.student.transformer.load_state_dict(sd)
     for frozen in (roles.teacher, roles.chunk_teacher, roles.vae, roles.text_encoder):
         if frozen is not None:
             frozen.requires_grad_(False).eval()

@@ -150,3 +150,33 @@ def test_student_initialised_from_bidirectional_checkpoint(tmp_path, video_input
     assert all(p.requires_grad for p in roles.critic.parameters())
     with pytest.raises(ValueError, match="model.teacher"):
         build_roles(ModelConfig(tiny=False))
+
+
+def test_load_original_self_forcing_checkpoint(tmp_path, video_inputs):
+    """An original-key-format generator checkpoint (as Self-Forcing saves it) loads into the diffusers student."""
+    from flowrl.distill.components import original_wan_state_dict
+
+    src = tiny_wan(5)
+    to_original = [("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+                   ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+                   ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+                   ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+                   ("condition_embedder.time_proj", "time_projection.1"), ("attn1", "self_attn"),
+                   ("attn2", "cross_attn"), (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."),
+                   (".to_v.", ".v."), ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("norm2", "norm3"),
+                   ("proj_out", "head.head")]
+    orig = {}
+    for k, v in src.state_dict().items():
+        k = "head.modulation" if k == "scale_shift_table" else k.replace("scale_shift_table", "modulation")
+        for a, b in to_original:
+            k = k.replace(a, b)
+        orig["model." + k] = v
+    torch.save({"generator": {}, "generator_ema": orig}, tmp_path / "sf.pt")
+    model = CausalWan(tiny_wan(0), chunk_frames=2)
+    model.transformer.load_state_dict(original_wan_state_dict(str(tmp_path / "sf.pt")))
+    x, text = video_inputs
+    t = torch.full((2, 6), 300.0)
+    with torch.no_grad():
+        assert torch.allclose(model(x, t, text), CausalWan(src, chunk_frames=2)(x, t, text), atol=1e-6)
+    with pytest.raises(KeyError, match="generator_x"):
+        original_wan_state_dict(str(tmp_path / "sf.pt"), key="generator_x")
