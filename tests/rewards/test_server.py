@@ -126,3 +126,32 @@ def test_client_gives_up_on_dead_server():
                                                                      "backoff_s": 0.01, "timeout_s": 5}}})
     with pytest.raises(Exception, match="failed after 2 attempts"):
         rs(make_input(_images(1)))
+
+
+def test_server_cli_over_loopback(tmp_path):
+    """``python -m rewards.server`` starts, prints its URL, scores a request, and stops on SIGTERM."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "FLOWRL_REWARD_TOKEN": TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", "rewards.server", "--reward", "jpeg_compressibility",
+                             "--port", "0", "--device", "cpu"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("serving reward"):
+                url = line.split(" at ")[1].strip().removesuffix("/score")
+        assert url, "server did not announce its URL"
+        rs = RewardSet.from_config({"r": {"reward": "remote", "kwargs": {"url": url, "token": TOKEN, "retries": 0,
+                                                                          "timeout_s": 30}}})
+        x = _images(2)
+        local = RewardSet.from_config({"jpeg_compressibility": 1.0})(make_input(x)).scores
+        torch.testing.assert_close(rs(make_input(x)).scores, local)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
