@@ -148,6 +148,8 @@ def _type_name(tp: Any) -> str:
 
 def convert(tp: Any, value: Any, where: str, source: Source | None) -> Any:
     """Check ``value`` against annotation ``tp`` (YAML-parsed), converting only int→float and list→tuple."""
+    if tp in (dict, list, tuple):            # bare annotations: any items
+        tp = {dict: dict[str, Any], list: list[Any], tuple: tuple[Any, ...]}[tp]
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
