@@ -138,7 +138,7 @@ def _handler(name: str, batcher: Batcher, token: str, max_bytes: int, timeout_s:
                 return self._error(413, f"body of {int(length)} bytes exceeds the limit of {max_bytes}",
                                    close=True)
             try:
-                batch = decode_request(self.rfile.read(int(length)))
+                batch = decode_request(self.rfile.read(int(length)), max_unpacked=4 * max_bytes)
                 check_input(batch, name)
             except (WireError, RewardError) as e:
                 return self._error(400, str(e))

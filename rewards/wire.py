@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import zipfile
 
 import numpy as np
 import torch
@@ -43,8 +44,16 @@ def encode_request(batch: RewardInput, pixel_format: str = "uint8") -> bytes:
     return buf.getvalue()
 
 
-def decode_request(body: bytes) -> RewardInput:
-    """Parse and validate an .npz body into a ``RewardInput`` (pixels float32 in [0, 1]); WireError if bad."""
+def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
+    """Parse and validate an .npz body into a ``RewardInput`` (pixels float32 in [0, 1]); WireError if bad.
+    Members that would unpack to more than ``max_unpacked`` bytes in total (a compressed "zip bomb") are refused."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(body)) as zf:
+            unpacked = sum(i.file_size for i in zf.infolist())
+    except zipfile.BadZipFile as e:
+        raise WireError(f"body is not a valid .npz (zip) archive: {e}") from e
+    if unpacked > max_unpacked:
+        raise WireError(f"body unpacks to {unpacked} bytes, over the limit of {max_unpacked}")
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as z:
             missing = {"pixels", "group_ids", "info"} - set(z.files)

@@ -82,6 +82,11 @@ def test_bad_requests_get_4xx_then_server_still_serves(server):
     np.savez(buf, pixels=np.zeros((3, 24, 24), np.uint8), group_ids=np.arange(3), info=info)  # no channels
     status, reply = _post(server, buf.getvalue())
     assert status == 400 and "(B, 3, H, W)" in reply["error"]
+    buf = io.BytesIO()
+    np.savez_compressed(buf, pixels=np.zeros((1000, 3, 64, 64), np.uint8), group_ids=np.arange(1000),
+                        info=info)  # ~12 MB of zeros compressed into a small body
+    status, reply = _post(server, buf.getvalue())
+    assert status == 400 and "unpacks to" in reply["error"]
     assert _post(server, encode_request(make_input(_images())))[0] == 200  # still serving
 
 
