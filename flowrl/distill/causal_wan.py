@@ -15,7 +15,7 @@ The prediction is Wan's flow ``v = ε − x0`` in flowrl's convention ``x_σ = (
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,23 @@ class AttentionState:
     cache: KVCache | None = None
     write: bool = False
     frame_positions: Tensor | None = None
+    read: KVCache | None = None   # frozen view of ``cache`` taken when the forward started
+
+    def snapshot(self) -> "AttentionState":
+        """A copy that later cache writes cannot change (read side frozen; writes still reach ``cache``)."""
+        return replace(self, read=None if self.cache is None else self.cache.view())
+
+
+class RotaryWithState(tuple):
+    """RoPE tables ``(cos, sin)`` that also carry the forward's ``AttentionState`` snapshot.
+
+    diffusers passes the rope output into every block as an argument, so gradient checkpointing saves it and
+    a recomputation in backward sees the attention mode and cache contents of the original forward."""
+
+    def __new__(cls, cos: Tensor, sin: Tensor, state: AttentionState):
+        obj = super().__new__(cls, (cos, sin))
+        obj.attn_state = state
+        return obj
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -61,9 +78,9 @@ class CausalSelfAttention:
         v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
         if rotary_emb is not None:
             q, k = apply_rotary(q, *rotary_emb), apply_rotary(k, *rotary_emb)
-        st, mask = self.state, None
+        st, mask = getattr(rotary_emb, "attn_state", self.state), None
         if st.mode == "cache":
-            k_all, v_all = st.cache.extend(self.layer, k, v)
+            k_all, v_all = (st.read or st.cache).extend(self.layer, k, v)
             if st.write:
                 st.cache.store(self.layer, k, v)
             k, v = k_all, v_all
@@ -134,9 +151,9 @@ class CausalWan(nn.Module):
 
     def _rope_hook(self, module, args, output):
         pos = self.state.frame_positions
-        if pos is None:
-            return output
-        return rope_with_positions(module, args[0].shape, pos)
+        if pos is not None:
+            output = rope_with_positions(module, args[0].shape, pos)
+        return RotaryWithState(output[0], output[1], self.state.snapshot())
 
     @contextmanager
     def _mode(self, **kw):

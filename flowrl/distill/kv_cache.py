@@ -10,6 +10,8 @@ Rolling window with attention sink (``window_frames``/``sink_frames``, Self-Forc
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -122,6 +124,12 @@ class KVCache:
                 self.k[i] = self.k[i][:, tok.to(self.k[i].device)]
                 self.v[i] = self.v[i][:, tok.to(self.v[i].device)]
         self._frame_ids = ids[pos]
+
+    def view(self) -> "KVCache":
+        """A read-only snapshot sharing tensors (``store`` rebinds, never mutates, so later writes do not show)."""
+        snap = copy.copy(self)
+        snap.k, snap.v = list(self.k), list(self.v)
+        return snap
 
     def tensors(self) -> list[Tensor]:
         return [t for t in self.k + self.v if t is not None]
