@@ -126,7 +126,8 @@ class Parts:
 
     # ------------------------------------------------------------------------------------- advantages
     def balance(self, R: Tensor, groups: Tensor, samples=None, iteration: int = 0) -> tuple[Tensor, dict]:
-        """R (N, K) → A (N,) by the balancer (MARBLE also gets its reward-gradient Gram when it asks)."""
+        """R (N, K) → A (N,) by the balancer (MARBLE also gets its reward-gradient Gram when it asks), clipped to
+        ±advantage.clip, then the objective's ``prepare_advantages`` (AWR: per-group energies)."""
         weights = torch.tensor([spec.weight for spec in self.cfg.rewards.values()], dtype=torch.float32)
         bcfg = self.cfg.advantage.balancer.config
         extra = {}
@@ -136,6 +137,8 @@ class Parts:
             if marble.needs_gram(self.balancer_state, bcfg):
                 extra["gram"] = self.reward_gram(marble, R, groups, samples, iteration)
         adv, diag = self.balancer.balance(R, groups, weights, self.balancer_state, bcfg, **extra)
+        if self.cfg.advantage.clip is not None:
+            adv = adv.clamp(-self.cfg.advantage.clip, self.cfg.advantage.clip)
         return self.objective.prepare_advantages(adv, groups, self.cfg.objective.config), diag
 
     def reward_gram(self, marble, R: Tensor, groups: Tensor, samples, iteration: int) -> Tensor:

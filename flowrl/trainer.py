@@ -29,6 +29,7 @@ from torch import Tensor
 
 from flowrl import dist as _dist
 from flowrl import loop_io as io
+from flowrl.advantages import zero_std_ratio
 from flowrl.config import RunConfig, check_geometry, save_resolved
 from flowrl.types import RewardInput
 from flowrl.update import UpdateStats, optimizer_updates
@@ -175,16 +176,12 @@ class Trainer:
         return R, metrics
 
     def advantages(self, R: Tensor, it: int, samples: Samples | None = None) -> tuple[Tensor, dict]:
-        """R (N, K) → A (N,) through the configured balancer, then |A| ≤ advantage.clip."""
+        """R (N, K) → A (N,) through the configured balancer (±inf rewards count as NaN here)."""
         cfg = self.cfg
         P, G = cfg.train.prompts_per_iter, cfg.train.group_size
         groups = torch.arange(P).repeat_interleave(G)
         finite = torch.where(torch.isinf(R), torch.full_like(R, float("nan")), R)
         adv, diag = self.parts.balance(finite, groups, samples, it)
-        if cfg.advantage.clip is not None:
-            adv = adv.clamp(-cfg.advantage.clip, cfg.advantage.clip)
-        from flowrl.advantages import zero_std_ratio
-
         total = torch.nansum(torch.where(torch.isfinite(finite), finite, torch.zeros_like(finite)), 1)
         metrics = {"adv/mean": torch.nanmean(adv), "adv/abs_mean": torch.nanmean(adv.abs()),
                    "adv/zero_std_frac": zero_std_ratio(total, groups)}
