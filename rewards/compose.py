@@ -58,7 +58,7 @@ class RewardSpec:
     def from_value(cls, name: str, value: Any) -> RewardSpec:
         """Parse one config entry: a RewardSpec, a number (the weight) or a mapping of RewardSpec fields."""
         if isinstance(value, RewardSpec):
-            return value
+            return value.validated()
         if value is None:
             return cls(name=name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -70,13 +70,18 @@ class RewardSpec:
         if bad:
             raise RewardError(f"reward {name!r}: unknown key(s) {bad} in its config; valid keys: {valid} "
                               "(reward options go under 'kwargs')")
-        spec = cls(name=name, **dict(value))
-        if spec.dtype not in _DTYPES:
-            raise RewardError(f"reward {name!r}: dtype {spec.dtype!r} not one of {sorted(_DTYPES)}")
-        if spec.batch_size is not None and int(spec.batch_size) < 1:
-            raise RewardError(f"reward {name!r}: batch_size must be ≥ 1, got {spec.batch_size}")
-        spec.weight, spec.kwargs = float(spec.weight), dict(spec.kwargs or {})
-        return spec
+        return cls(name=name, **dict(value)).validated()
+
+    def validated(self) -> RewardSpec:
+        """Self, with weight/kwargs coerced; RewardError naming the reward on a bad dtype or batch size."""
+        if self.dtype not in _DTYPES:
+            raise RewardError(f"reward {self.name!r}: dtype {self.dtype!r} not one of {sorted(_DTYPES)}")
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise RewardError(f"reward {self.name!r}: batch_size must be ≥ 1, got {self.batch_size}")
+        if not isinstance(self.kwargs or {}, Mapping):
+            raise RewardError(f"reward {self.name!r}: kwargs must be a mapping, got {self.kwargs!r}")
+        self.weight, self.kwargs = float(self.weight), dict(self.kwargs or {})
+        return self
 
 
 @dataclass

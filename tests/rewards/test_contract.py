@@ -132,3 +132,16 @@ def test_setup_called_once_with_device_and_dtype():
     rs(make_input(torch.rand(2, 3, 4, 4)))
     rs(make_input(torch.rand(2, 3, 4, 4)))
     assert Lazy.calls == [(torch.device("cpu"), torch.bfloat16)]
+
+
+def test_spec_objects_and_bad_fields():
+    from rewards import RewardSpec
+
+    rs = RewardSet([RewardSpec("jpeg_compressibility", weight=2, batch_size=1)])
+    assert rs.names == ["jpeg_compressibility"] and rs.weights.tolist() == [2.0]
+    with pytest.raises(RewardError, match="dtype 'fp8'"):
+        RewardSet({"jpeg_compressibility": RewardSpec("jpeg_compressibility", dtype="fp8")})
+    with pytest.raises(RewardError, match="batch_size must be"):
+        RewardSet.from_config({"jpeg_compressibility": {"batch_size": 0}})
+    with pytest.raises(RewardError, match="no rewards configured"):
+        RewardSet.from_config({})
