@@ -3,7 +3,7 @@
     accelerate launch scripts/distill.py --config configs/distill/tiny.yaml [key=value ...]
 
 Resumes from the newest checkpoint in ``output_dir`` unless ``--no-resume``; ``--sample out.mp4`` streams one
-video from the EMA student at the end.
+video from the EMA student at the end; ``--grid grid.mp4`` writes an eval grid (prompts × {init, distilled}).
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-resume", action="store_true", help="start fresh even if output_dir has checkpoints")
     ap.add_argument("--iterations", type=int, default=None, help="stop after this many iterations (total)")
     ap.add_argument("--sample", default="", help="write a streamed MP4 from the EMA student at the end")
+    ap.add_argument("--grid", default="", help="write a prompts × {init, distilled EMA} video grid (mp4/gif)")
+    ap.add_argument("--grid-prompts", type=int, default=4, help="how many recipe prompts the grid shows")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr_generator=1e-5")
     return ap.parse_args(argv)
 
@@ -41,6 +43,14 @@ def main(argv: list[str] | None = None) -> dict:
 
         with trainer.ema_student() as student:
             out["sample"] = write_stream(student, trainer.roles, cfg, cfg.prompt_list()[:1], args.sample)
+    if args.grid and trainer.acc.is_main_process:
+        from flowrl.distill.roles import build_roles
+        from flowrl.distill.sample import eval_grid
+
+        init = build_roles(cfg.model).student.to(trainer.device)   # the student before distillation
+        with trainer.ema_student() as student:
+            out["grid"] = str(eval_grid({"init": init, "distilled (EMA)": student}, trainer.roles, cfg,
+                                        cfg.prompt_list()[: args.grid_prompts], args.grid))
     if trainer.acc.is_main_process:
         print(json.dumps(out, default=str))
     return out

@@ -18,8 +18,10 @@ def load_script(name):
 def test_distill_then_stream(tmp_path, capsys):
     run = tmp_path / "run"
     out = load_script("distill").main(["--config", str(REPO / "configs/distill/tiny.yaml"), "--iterations", "2",
-                                       "--sample", str(tmp_path / "s.mp4"), f"output_dir={run}", "save_every=1"])
+                                       "--sample", str(tmp_path / "s.mp4"), "--grid", str(tmp_path / "g.gif"),
+                                       "--grid-prompts", "2", f"output_dir={run}", "save_every=1"])
     assert out["end_step"] == 2 and (tmp_path / "s.mp4").stat().st_size > 0
+    assert (tmp_path / "g.gif").stat().st_size > 0
     assert (run / "metrics.jsonl").read_text().count("\n") == 2
     again = load_script("distill").main(["--config", str(REPO / "configs/distill/tiny.yaml"), "--iterations", "3",
                                          f"output_dir={run}"])
