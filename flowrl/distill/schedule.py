@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from samplers.schedule import shift_sigmas
+
 
 def shift_sigma(sigma: Tensor, shift: float) -> Tensor:
-    """σ' = s·σ / (1 + (s − 1)·σ)."""
-    return shift * sigma / (1 + (shift - 1) * sigma)
+    """σ' = s·σ / (1 + (s − 1)·σ) (the shared ``samplers.schedule.shift_sigmas``)."""
+    return shift_sigmas(sigma, shift)
 
 
 @dataclass(frozen=True)
