@@ -13,6 +13,7 @@ the flowrl SD3Policy share the very same component objects. Prints
   *_peak_mb   peak RSS increase of one call over the RSS just before it, each measured in a fresh subprocess
               (``resource.getrusage(...).ru_maxrss``; large CPU tensors are mmap'd, so RSS tracks them)
   sde_peak_mem_ratio  SDE-with-trajectory peak / pipeline peak (target ≤ 1.1)
+  engine_*    CPU ms the engine itself adds per step (identity velocity), next to ``pipeline_ms_per_step``
 The ODE latents must equal the pipeline's (``ode_max_abs_diff``).
 """
 from __future__ import annotations
@@ -108,6 +109,23 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
+def engine_overhead_ms(x1, gens, args, steps: int = 200) -> dict:
+    """CPU ms per step the rollout engine itself costs (velocity = identity, same latent shape): ODE, and an
+    SDE rollout storing a 2-step window (per-row noise draws, kernel, log-prob, trajectory writes)."""
+    from samplers import KERNELS
+    from samplers.rollout import rollout
+    from samplers.schedule import flow_match_sigmas
+    from samplers.windows import StepPlan
+
+    grid = flow_match_sigmas(steps, shift=3.0)
+    plan = StepPlan(steps, (10, 11))
+    ode = min(timed(lambda: rollout(lambda x, s: x, x1, grid))[1] for _ in range(3))
+    sde = min(timed(lambda: rollout(lambda x, s: x, x1, grid, plan, KERNELS.get("flow_sde"), None, gens))[1]
+              for _ in range(3))
+    return {"engine_ode_ms_per_step": 1e3 * ode / steps, "engine_sde_extra_ms_per_stored_step":
+            1e3 * max(sde - ode, 0.0) / len(plan.sde_steps)}
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -163,6 +181,8 @@ def main(argv: list[str]) -> dict:
         "timing": f"fastest of {args.repeats} alternated runs each; ratios of process CPU time (1 thread), "
                   "which other jobs on a shared machine do not inflate; *_wall ratios alongside",
     }
+    result.update(engine_overhead_ms(x1, gens, args))
+    result["pipeline_ms_per_step"] = 1e3 * cpu["pipeline"] / args.steps
     if not args.no_memory:
         child = [a for a in argv]
         pipe_mem, sde_mem = subprocess_peak("pipeline", child), subprocess_peak("sde", child)
