@@ -54,3 +54,11 @@ def gaussian_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tenso
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
     return h if reduce == "mean" else h * numel
+
+
+def trajectory_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tensor:
+    """Entropy of each stored step of a rollout, (B, K), from ``traj.std`` (B, K): per element
+    ``½log(2πe) + log s`` (E-GRPO reports it for its merged step; reference C §0), or ×numel with "sum"."""
+    if std.dim() != 2:
+        raise ValueError(f"trajectory_entropy expects traj.std shaped (B, K), got {tuple(std.shape)}")
+    return gaussian_entropy(std, numel, reduce)

@@ -6,10 +6,11 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from samplers import KERNELS
+from samplers.log_prob import trajectory_entropy
 from samplers.rng import group_generators, randn_rows, sample_generator, sample_seed
 from samplers.rollout import rollout
 from samplers.schedule import flow_match_sigmas
-from samplers.windows import FixedSteps, SlidingWindow, StepPlan
+from samplers.windows import FixedSteps, SlidingWindow, StepPlan, merged_step_entropy
 from tests.samplers.gaussian_world import exact_velocity
 
 SHAPE = (4, 6, 6)
@@ -73,6 +74,9 @@ def test_x0_prediction_and_nfe_with_merged_steps():
     vf = exact_velocity()
     res = rollout(vf, x1, sig, StepPlan(10, (1, 6), (3, 2)), "flow_sde", None, gens)
     assert res.nfe == 10 - 2 - 1
+    ent = trajectory_entropy(res.traj.std)
+    want = torch.stack([merged_step_entropy(sig, 1, 3), merged_step_entropy(sig, 6, 2)])   # E-GRPO formula
+    torch.testing.assert_close(ent, want.expand(2, 2))
     assert res.traj.sigma_next[0].tolist() == sig[[4, 8]].tolist()
     ode = rollout(vf, x1, sig)
     # a last Euler step to σ_N = 0 lands exactly on x̂0 = x_{N−1} − σ_{N−1}·v of the last call
