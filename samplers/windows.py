@@ -101,15 +101,18 @@ class FixedSteps:
 @dataclass
 class RandomWindow:
     """Flow-GRPO-Fast: ``size`` consecutive SDE steps from ``start ~ U{lo, …, hi − size}`` (inclusive),
-    ``(lo, hi) = window_range`` (FG config: size 2, range (0, 10)); a fresh window per call from ``rng``."""
+    ``(lo, hi) = window_range`` (FG config: size 2, range (0, 10)); a fresh window per call from ``rng``.
+    ``size = 0`` is FG-Fast's "no window": every step but the last."""
 
     size: int = 2
     window_range: tuple[int, int] = (0, 10)
 
     def plan(self, iteration: int, num_steps: int, rng: random.Random | None = None) -> StepPlan:
+        if self.size == 0:
+            return StepPlan(num_steps, tuple(range(num_steps - 1)))
         lo, hi = self.window_range
         hi = min(hi, num_steps)
-        if self.size < 1 or hi - self.size < lo:
+        if self.size < 0 or hi - self.size < lo:
             raise ValueError(f"random window of size {self.size} does not fit range ({lo}, {hi}) of a "
                              f"{num_steps}-step grid; shrink size or widen window_range")
         if rng is None:

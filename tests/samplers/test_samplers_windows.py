@@ -32,6 +32,9 @@ def test_all_fixed_and_random_windows():
     assert win.plan(0, 10, random.Random(5)) == plan
     with pytest.raises(ValueError, match="rng"):
         win.plan(0, 10)
+    assert WINDOWS.get("random")(size=0).plan(0, 10).sde_steps == tuple(range(9))   # FG-Fast size 0
+    with pytest.raises(ValueError, match="does not fit"):
+        WINDOWS.get("random")(size=4, window_range=(0, 3)).plan(0, 10, rng)
     with pytest.raises(ValueError, match="outside"):
         WINDOWS.get("fixed")(steps=(12,)).plan(0, 10)
 
