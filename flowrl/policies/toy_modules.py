@@ -133,7 +133,7 @@ def load_modules(directory: str | Path | None = None, device: str | torch.device
     d = Path(directory) if directory is not None else default_asset_dir()
     if not (d / "transformer" / "config.json").exists():
         raise FileNotFoundError(f"no toy checkpoint in {d} (expected transformer/, text_encoder/, tokenizer.json); "
-                                "train one with scripts/pretrain_toy.py or pass dir=None for the shipped one")
+                                "train one with scripts/pretrain_toy.py, or pass None for the shipped one")
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
     te = CLIPTextModelWithProjection.from_pretrained(d / "text_encoder", dtype=dtype).to(device).eval()
     tr = SD3Transformer2DModel.from_pretrained(d / "transformer", torch_dtype=dtype).to(device).eval()

@@ -73,10 +73,10 @@ def test_splits_are_disjoint_fixed_and_cover_the_grammar():
     train, held = splits.prompt_list("train"), splits.prompt_list("heldout")
     tp, hp = {p for p, _ in train}, {p for p, _ in held}
     assert not tp & hp
-    assert len(tp) + len(hp) == 960
-    for skill in SKILLS:  # every skill has held-out compositions, and each word still appears in training
-        assert len(splits.split_by_skill("heldout")[skill]) >= 5
-    train_words = {w for p in tp for w in p.split()}
+    assert len(tp) + len(hp) == 960 and len(hp) == 90
+    sizes = {k: len(v) for k, v in splits.split_by_skill("heldout").items()}
+    assert sizes == {"color": 5, "counting": 9, "position": 12, "binding": 24, "relation": 40}
+    train_words = {w for p in tp for w in p.split()}  # every held-out word appears in training
     assert {w for p in hp for w in p.split()} <= train_words
     assert splits.prompt_list("heldout") == held  # a pure function of the grammar
     with pytest.raises(ValueError, match="unknown shapes split"):
