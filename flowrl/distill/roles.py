@@ -84,9 +84,10 @@ def _policy(mc):
     from flowrl.policies.wan import Config, WanPolicy
 
     cfg = Config(lora=None, max_sequence_length=mc.text_len)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if mc.policy == "tiny":
-        return WanPolicy.tiny(config=cfg)
-    return WanPolicy.from_pretrained(mc.policy, dtype=_dtype(mc.dtype), config=cfg)
+        return WanPolicy.tiny(config=cfg, device=device)
+    return WanPolicy.from_pretrained(mc.policy, dtype=_dtype(mc.dtype), device=device, config=cfg)
 
 
 def build_roles(mc, chunk_teacher_path: str = "") -> Roles:

@@ -8,6 +8,7 @@ generator seeded by (seed, step, role, rank), so a resumed run repeats the unint
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -151,15 +152,14 @@ class DistillTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self, step: int) -> Path:
         """Atomic checkpoint: student, critic, EMA weights + optimiser/balance/RNG state."""
-        sd = lambda m: {k: v for k, v in m.transformer.state_dict().items()}  # noqa: E731
         ema = {f"{i}": s for i, s in enumerate(self.ema.shadow)}
         state = {"step": step, "opt_g": self.opt_g.state_dict(), "opt_c": self.opt_c.state_dict(),
                  "ema_num_updates": self.ema.num_updates, "rng": capture_rng_state()}
         if "balance" in self.extras:
             state["balance"] = self.extras["balance"].state_dict()
-        return save_checkpoint(self.cfg.output_dir, step, {"student": sd(self.roles.student),
-                                                           "critic": sd(self.roles.critic), "ema": ema},
-                               state, keep_last=self.cfg.keep_last)
+        tensors = {"student": self.roles.student.transformer.state_dict(),
+                   "critic": self.roles.critic.transformer.state_dict(), "ema": ema}
+        return save_checkpoint(self.cfg.output_dir, step, tensors, state, keep_last=self.cfg.keep_last)
 
     def resume(self, path: str | Path | None = None) -> int:
         """Load the latest (or given) checkpoint; returns the step to continue from (0 when none)."""
@@ -194,16 +194,12 @@ class DistillTrainer:
             self.step = step + 1
         return history
 
+    @contextmanager
     def ema_student(self):
-        """Context manager: the student with EMA weights swapped in (restored on exit)."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def swap():
-            self.ema.store()
-            self.ema.copy_to()
-            try:
-                yield self.roles.student
-            finally:
-                self.ema.restore()
-        return swap()
+        """The student with the EMA weights swapped in (live weights restored on exit)."""
+        self.ema.store()
+        self.ema.copy_to()
+        try:
+            yield self.roles.student
+        finally:
+            self.ema.restore()
