@@ -93,3 +93,16 @@ def test_ode_renoise_is_an_euler_step_and_chunks_absorb_remainder():
     assert [(s.start, s.stop) for s in chunk_slices(7, 3)] == [(0, 4), (4, 7)]
     with pytest.raises(ValueError, match="fewer than one chunk"):
         chunk_slices(2, 3)
+
+
+def test_exit_step_modes():
+    from flowrl.distill.rollout import sample_exit_steps
+
+    g = torch.Generator().manual_seed(0)
+    shared = sample_exit_steps(7, 4, generator=g)
+    assert len(set(shared)) == 1 and 0 <= shared[0] < 4
+    assert sample_exit_steps(7, 4, last_step_only=True) == [3] * 7
+    per = [sample_exit_steps(7, 4, same_across_chunks=False, generator=g) for _ in range(5)]
+    assert any(len(set(p)) > 1 for p in per)
+    a = sample_exit_steps(3, 4, generator=torch.Generator().manual_seed(9))
+    assert a == sample_exit_steps(3, 4, generator=torch.Generator().manual_seed(9))  # same stream → same exit
