@@ -31,11 +31,25 @@ class Config:
     chunk_guidance_scale: float = 1.0
     chunk_teacher: str = ""               # diffusers Wan checkpoint for the chunk teacher; "" = the video teacher
     replay: bool = True                   # grad via one teacher-forcing replay forward instead of the rollout
+    # stage 2 (stage2.yaml) settings, applied from chunk_stage_iterations on; None keeps the optim section's
+    video_lr_generator: float | None = None          # RMD stage 2: 2e-6
+    video_lr_critic: float | None = None             # RMD stage 2: 4e-7
+    video_critic_steps_per_generator: int | None = None   # RMD stage 2: 5
 
 
 def stage(step: int, cfg: Config) -> str:
     """"chunk" for the first ``chunk_stage_iterations`` iterations, then "video"."""
     return "chunk" if step < cfg.chunk_stage_iterations else "video"
+
+
+def stage_settings(step: int, cfg: Config, lr_generator: float, lr_critic: float, ratio: int
+                   ) -> tuple[float, float, int]:
+    """(generator lr, critic lr, critic steps per generator step) in force at ``step``."""
+    if stage(step, cfg) == "chunk":
+        return lr_generator, lr_critic, ratio
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    return (pick(cfg.video_lr_generator, lr_generator), pick(cfg.video_lr_critic, lr_critic),
+            pick(cfg.video_critic_steps_per_generator, ratio))
 
 
 def split_chunks(x: Tensor, frames: int) -> Tensor:

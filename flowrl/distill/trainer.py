@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from flowrl.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
-from flowrl.distill import objectives
+from flowrl.distill import objectives, rmd
 from flowrl.distill.config import DistillConfig
 from flowrl.distill.objectives import Batch
 from flowrl.distill.roles import Roles, build_roles
@@ -140,10 +140,22 @@ class DistillTrainer:
                                       self.cfg, self.generator(step, "critic/score"))
         return {"loss/critic": loss, "grad_norm/critic": self._apply(loss, self.c_params, self.opt_c)}
 
+    def _schedule(self, step: int) -> int:
+        """Set this step's learning rates (RMD switches them at stage 2); returns critic steps per generator."""
+        oc = self.cfg.optim
+        lr_g, lr_c, ratio = oc.lr_generator, oc.lr_critic, oc.critic_steps_per_generator
+        if self.cfg.method == "rmd":
+            lr_g, lr_c, ratio = rmd.stage_settings(step, self.cfg.rmd, lr_g, lr_c, ratio)
+        for opt, lr in ((self.opt_g, lr_g), (self.opt_c, lr_c)):
+            for group in opt.param_groups:
+                group["lr"] = lr
+        return ratio
+
     def train_step(self, step: int) -> dict:
         metrics: dict = {}
+        ratio = self._schedule(step)
         with self.acc.autocast():
-            if step % self.cfg.optim.critic_steps_per_generator == 0 or self.cfg.method == "ode_init":
+            if step % ratio == 0 or self.cfg.method == "ode_init":
                 metrics.update(self.generator_step(step))
             if self.cfg.method != "ode_init":
                 metrics.update(self.critic_step(step))

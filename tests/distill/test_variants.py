@@ -180,3 +180,9 @@ def test_load_original_self_forcing_checkpoint(tmp_path, video_inputs):
         assert torch.allclose(model(x, t, text), CausalWan(src, chunk_frames=2)(x, t, text), atol=1e-6)
     with pytest.raises(KeyError, match="generator_x"):
         original_wan_state_dict(str(tmp_path / "sf.pt"), key="generator_x")
+
+
+def test_rmd_stage_two_settings():
+    cfg = rmd.Config(chunk_stage_iterations=10, video_lr_generator=2e-6, video_critic_steps_per_generator=5)
+    assert rmd.stage_settings(9, cfg, 2e-5, 2e-5, 6) == (2e-5, 2e-5, 6)
+    assert rmd.stage_settings(10, cfg, 2e-5, 2e-5, 6) == (2e-6, 2e-5, 5)
