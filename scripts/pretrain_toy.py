@@ -87,14 +87,23 @@ def main(argv=None) -> dict:
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
     gen = torch.Generator().manual_seed(args.seed)
-    t0 = last_save = time.time()
-    log = open(out / "log.jsonl", "a")
+    t0 = time.time()
     info = {"step": 0, "loss_ema": math.nan}
 
     def save(step: int) -> None:
         info.update(step=step, minutes=round((time.time() - t0) / 60, 2), args=vars(args))
         save_modules(out / "checkpoint", tok, ema[0], ema[1], torch.float16, info)
 
+    with open(out / "log.jsonl", "a") as log:
+        step = train_loop(args, tok, te, tr, ema, opt, sched, gen, log, save, info, t0)
+    save(step + 1)
+    return {"steps": step + 1, "loss_ema": info["loss_ema"], "checkpoint": str(out / "checkpoint")}
+
+
+def train_loop(args, tok, te, tr, ema, opt, sched, gen, log, save, info, t0) -> int:
+    """The optimisation loop; returns the index of the last step taken."""
+    params = list(te.parameters()) + list(tr.parameters())
+    last_save = t0
     bar = tqdm(range(args.steps), desc="pretrain toy", dynamic_ncols=True)
     step = 0
     for step in bar:
@@ -118,8 +127,7 @@ def main(argv=None) -> dict:
             last_save = time.time()
         if args.minutes is not None and time.time() - t0 > 60 * args.minutes:
             break
-    save(step + 1)
-    return {"steps": step + 1, "loss_ema": info["loss_ema"], "checkpoint": str(out / "checkpoint")}
+    return step
 
 
 if __name__ == "__main__":

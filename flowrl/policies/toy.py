@@ -12,9 +12,9 @@ model was trained with logit-normal σ on 32×32 pixels, where SD3's resolution 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -58,7 +58,7 @@ class ToyPolicy(PolicyBase):
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> "ToyPolicy":
+                        device: torch.device | str = "cpu", config: Config | None = None) -> ToyPolicy:
         """Load ``path`` (default: the shipped ``flowrl/assets/toy/``) through the real diffusers /
         transformers ``from_pretrained``; a directory written by ``save_pretrained`` restores its adapters."""
         path = Path(path) if path is not None else tm.default_asset_dir()
@@ -69,7 +69,7 @@ class ToyPolicy(PolicyBase):
         return policy
 
     @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> "ToyPolicy":
+    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> ToyPolicy:
         """A randomly initialised few-thousand-parameter toy policy (float32) for tests."""
         tok, te, tr = tm.build_modules("tiny", seed)
         return cls(tok, te, tr, config, device, torch.float32)

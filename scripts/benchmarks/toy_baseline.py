@@ -47,7 +47,7 @@ def sample_pixels(policy, prompts: list[str], steps: int, guidance: float, seed:
         gens = [sample_generator(seed, 0, offset + start + i, 0) for i in range(len(chunk))]
         cond = policy.encode(chunk, cfg=guidance > 1.0)
         x1 = policy.noise(gens, 32, 32)
-        res = rollout(lambda x, s: policy.velocity(x, s, cond, guidance), x1, policy.sigmas(steps, x1))
+        res = rollout(lambda x, s, c=cond: policy.velocity(x, s, c, guidance), x1, policy.sigmas(steps, x1))
         out.append(policy.decode(res.latents))
     return torch.cat(out)
 

@@ -2,7 +2,6 @@
 import copy
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -103,7 +102,7 @@ def test_color_and_position_rewards_grade_errors():
 
 
 def test_clean_background_penalises_speckle(ground_truth):
-    prompts, metas, px = ground_truth
+    prompts, _metas, px = ground_truth
     noisy = px[:4].clone()
     g = torch.Generator().manual_seed(0)
     speck = torch.rand(4, 1, 32, 32, generator=g) < 0.02

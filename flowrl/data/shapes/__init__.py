@@ -7,5 +7,17 @@ from flowrl.data.shapes.grammar import all_prompts, parse, phrase, vocabulary
 from flowrl.data.shapes.render import render_batch, render_meta, render_scene, sample_scene
 from flowrl.data.shapes.splits import ShapesPrompts, prompt_list, sample_prompts, split_by_skill
 
-__all__ = ["all_prompts", "parse", "phrase", "vocabulary", "render_batch", "render_meta", "render_scene",
-           "sample_scene", "ShapesPrompts", "prompt_list", "sample_prompts", "split_by_skill"]
+__all__ = [
+           "ShapesPrompts",
+           "all_prompts",
+           "parse",
+           "phrase",
+           "prompt_list",
+           "render_batch",
+           "render_meta",
+           "render_scene",
+           "sample_prompts",
+           "sample_scene",
+           "split_by_skill",
+           "vocabulary",
+]

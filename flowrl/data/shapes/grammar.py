@@ -17,7 +17,15 @@ from __future__ import annotations
 import re
 
 from flowrl.data.shapes.world import (
-    COLORS, COUNT_WORDS, POSITION_PHRASES, POSITIONS, RELATION_PHRASES, RELATIONS, SHAPE_PLURALS, SHAPES, SKILLS,
+    COLORS,
+    COUNT_WORDS,
+    POSITION_PHRASES,
+    POSITIONS,
+    RELATION_PHRASES,
+    RELATIONS,
+    SHAPE_PLURALS,
+    SHAPES,
+    SKILLS,
 )
 
 

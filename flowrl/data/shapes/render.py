@@ -6,16 +6,24 @@ Each shape fills a square box of side ``size`` ∈ SIZES placed inside its 8×8 
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
 from flowrl.data.shapes.world import (
-    BACKGROUND, CELL, GRID, IMAGE_SIZE, MAX_OBJECTS, PALETTE, SHADE_JITTER, SIZES, PlacedShape,
+    BACKGROUND,
+    CELL,
+    GRID,
+    IMAGE_SIZE,
+    MAX_OBJECTS,
+    PALETTE,
+    SHADE_JITTER,
+    SIZES,
+    PlacedShape,
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def shape_mask(shape: str, size: int) -> np.ndarray:
     """Boolean (size, size) raster of a filled shape: square = full box; circle = pixels whose centre lies
     within radius size/2 − 0.1 of the box centre; triangle = upright isosceles, row y spanning a half-width of

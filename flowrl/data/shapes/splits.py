@@ -9,7 +9,7 @@ the grammar, so it never changes between runs or machines.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -23,12 +23,12 @@ HELDOUT_MAX = 40
 SPLIT_SEED = 2024
 
 
-@lru_cache(maxsize=None)
+@cache
 def _split_indices() -> dict[str, dict[str, tuple[int, ...]]]:
     out: dict[str, dict[str, tuple[int, ...]]] = {"train": {}, "heldout": {}}
     for k, (skill, metas) in enumerate(all_prompts().items()):
         perm = np.random.default_rng([SPLIT_SEED, k]).permutation(len(metas))
-        n_held = min(HELDOUT_MAX, max(HELDOUT_MIN, int(round(HELDOUT_FRACTION * len(metas)))))
+        n_held = min(HELDOUT_MAX, max(HELDOUT_MIN, round(HELDOUT_FRACTION * len(metas))))
         out["heldout"][skill] = tuple(sorted(perm[:n_held].tolist()))
         out["train"][skill] = tuple(sorted(perm[n_held:].tolist()))
     return out
