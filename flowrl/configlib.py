@@ -223,7 +223,7 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
     if not isinstance(data, dict):
         raise _err(f"expected a mapping for {cls.__name__}, got {data!r}", where or "<root>", source)
     hints = _hints(cls)
-    valid = {f.name: f for f in fields(cls) if f.init}
+    valid = {f.name: f for f in fields(cls) if f.init and not f.name.startswith("_")}   # _x: internal state
     for key in data:
         if key not in valid:
             raise _err("unknown key" + _suggest(str(key), valid), prefix + str(key), source)
@@ -255,7 +255,7 @@ def to_dict(obj: Any) -> Any:
             out.update(to_dict(part) if part is not None else {})
         return out
     if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj) if not f.name.startswith("_")}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -79,3 +79,11 @@ def test_multi_reward_marble_gets_its_gram_and_logs_alpha(tmp_path):
     recs = check_trained(t, t.run(), tmp_path / "run", start)
     assert recs[-1]["adv/solved"] == 1 and abs(recs[-1]["adv/alpha_0"] + recs[-1]["adv/alpha_1"] - 1) < 1e-5
     assert t.parts.balancer_state["solves"] == 2
+
+
+def test_full_fine_tune_trains_every_transformer_weight(tmp_path):
+    ov = toy_overrides(tmp_path, "nft", iterations=1) + ["policy.lora=null", "eval.before=false", "eval.after=false"]
+    t = Trainer(load_config(None, ov))
+    assert len(t.parts.params) == len(list(t.policy.transformer.parameters()))
+    start = {k: v.clone() for k, v in t.policy.adapter_state_dict("train").items()}
+    check_trained(t, t.run(), tmp_path / "run", start)

@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,9 +38,16 @@ def run(cfg):
     return t
 
 
-def test_kill_and_resume_is_bitwise_identical(tmp_path):
-    base = toy_overrides(tmp_path, "nft", iterations=3) + ["eval.before=false", "eval.after=false",
-                                                          "train.old_update=nft"]
+CASES = {
+    "nft": ("nft", ["train.old_update=nft"]),
+    "grpo_mixgrpo_window": ("grpo", ["sampler.window={kind: sliding, size: 1, iters_per_group: 1}"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kill_and_resume_is_bitwise_identical(tmp_path, case):
+    objective, extra = CASES[case]
+    base = toy_overrides(tmp_path, objective, iterations=3) + ["eval.before=false", "eval.after=false", *extra]
     full = run(load_config(None, base + ["run.name=full"]))
     # the "killed" run stops after 2 iterations (checkpoint at 2), then a fresh process resumes to 3
     run(load_config(None, base + ["run.name=cut", "train.iterations=2"]))
@@ -48,6 +56,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     assert resumed.state.iteration == full.state.iteration == 3
     assert resumed.state.global_step == full.state.global_step
     assert_bitwise(final_state(full), final_state(resumed))
+    assert full.parts.window.state_dict() == resumed.parts.window.state_dict()
     # and the updates did move the weights (the comparison is not vacuous)
     fresh = Trainer(load_config(None, base + ["run.name=fresh"]))
     assert not all(torch.equal(v, fresh.policy.adapter_state_dict("train")[k])
