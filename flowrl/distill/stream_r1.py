@@ -27,9 +27,12 @@ from torch import Tensor
 class Config:
     """Stream-R1 defaults (``configs/exp_stream_r1.yaml``); axes name flowrl rewards by registry name."""
 
+    # Stream-R1's three VideoAlign axes (VQ, MQ, TA), each mapped to a flowrl reward by registry name
     axes: dict[str, str] = field(default_factory=lambda: {"visual_quality": "video_frame_mean",
-                                                          "motion_quality": "temporal_consistency"})
-    axis_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)   # per-axis reward constructor kwargs
+                                                          "motion_quality": "temporal_consistency",
+                                                          "text_alignment": "video_frame_mean"})
+    axis_kwargs: dict[str, dict[str, Any]] = field(default_factory=lambda: {    # per-axis reward kwargs
+        "visual_quality": {"reward": "aesthetic"}, "text_alignment": {"reward": "clipscore"}})
     axis_mean: dict[str, float] = field(default_factory=dict)    # μ_d (default 0)
     axis_std: dict[str, float] = field(default_factory=dict)     # σ_d (default 1)
     beta: float = 2.0
