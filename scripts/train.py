@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
     report(summary)
+    print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/<tag>/index.html)")
     return summary
 
 
