@@ -88,9 +88,13 @@ class DistillConfig:
     save_every: int = 100
     keep_last: int = 3
     log_every: int = 1
-    mixed_precision: str = "no"  # accelerate: "no" | "bf16" | "fp16"
+    mixed_precision: str | bool = "no"  # accelerate: "no" | "bf16" | "fp16" (YAML's bare `no` reads as false)
 
     def __post_init__(self):
+        if self.mixed_precision is False:
+            self.mixed_precision = "no"
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.optim.critic_steps_per_generator < 1:
