@@ -43,11 +43,7 @@ def generator_loss(method: str, step: int, roles: Roles, rollout: RolloutResult,
     if method == "rmd" and cfg.rmd.replay:
         x = rmd.replay_forward(roles.student, rollout, batch.text)
     if method == "rmd" and rmd.stage(step, cfg.rmd) == "chunk":
-        teacher = bidirectional_score(roles.chunk_teacher or roles.teacher)
-        xs, cb = _rmd_inputs(x, batch, cfg)
-        dcfg = dataclasses.replace(cfg.dmd, guidance_scale=cfg.rmd.chunk_guidance_scale)
-        loss, sc = generator_dmd_loss(xs, cb.text, cb.text_neg, teacher, critic, dcfg, generator=gen)
-        return loss, {"loss/generator": loss, "rmd/chunk_stage": 1.0, "dmd/grad_abs": sc.grad.abs().mean()}
+        return rmd_chunk_loss(x, roles, batch, cfg, gen)
     teacher = bidirectional_score(roles.teacher)
     weight, metrics = None, {}
     if method == "stream_r1":
@@ -59,13 +55,50 @@ def generator_loss(method: str, step: int, roles: Roles, rollout: RolloutResult,
     return loss, metrics
 
 
+def _first_rest(xs: Tensor, cb: Batch, batch_size: int) -> tuple[tuple, tuple]:
+    """Split a sample-major chunk batch into (first chunks, the rest), each as (x, Batch)."""
+    n = xs.shape[0] // batch_size
+    first = torch.arange(batch_size) * n
+    rest = torch.tensor([i for i in range(xs.shape[0]) if i % n])
+    pick = lambda idx: (xs[idx.to(xs.device)], Batch([cb.prompts[i] for i in idx.tolist()],  # noqa: E731
+                        cb.text[idx.to(cb.text.device)],
+                        None if cb.text_neg is None else cb.text_neg[idx.to(cb.text_neg.device)]))
+    return pick(first), pick(rest)
+
+
+def rmd_chunk_loss(x: Tensor, roles: Roles, batch: Batch, cfg, gen: torch.Generator) -> tuple[Tensor, dict]:
+    """RMD stage 1: every score chunk against the chunk teacher and critic; with ``first_chunk_weight`` the
+    first chunk goes to the base teacher and its own critic and the two losses are combined."""
+    xs, cb = _rmd_inputs(x, batch, cfg)
+    dcfg = dataclasses.replace(cfg.dmd, guidance_scale=cfg.rmd.chunk_guidance_scale)
+    chunk_teacher = bidirectional_score(roles.chunk_teacher or roles.teacher)
+    critic = bidirectional_score(roles.critic)
+    w = cfg.rmd.first_chunk_weight
+    if w is None or xs.shape[0] == x.shape[0]:
+        loss, sc = generator_dmd_loss(xs, cb.text, cb.text_neg, chunk_teacher, critic, dcfg, generator=gen)
+        return loss, {"loss/generator": loss, "rmd/chunk_stage": 1.0, "dmd/grad_abs": sc.grad.abs().mean()}
+    (x1, b1), (xr, br) = _first_rest(xs, cb, x.shape[0])
+    l_first, _ = generator_dmd_loss(x1, b1.text, b1.text_neg, bidirectional_score(roles.teacher),
+                                    bidirectional_score(roles.first_critic), dcfg, generator=gen)
+    l_rest, sc = generator_dmd_loss(xr, br.text, br.text_neg, chunk_teacher, critic, dcfg, generator=gen)
+    n_rest = xs.shape[0] // x.shape[0] - 1
+    loss = rmd.combine_first_chunk(l_first, l_rest, 1, n_rest, w)
+    return loss, {"loss/generator": loss, "rmd/chunk_stage": 1.0, "rmd/loss_first": l_first,
+                  "rmd/loss_rest": l_rest, "dmd/grad_abs": sc.grad.abs().mean()}
+
+
 def critic_loss(method: str, step: int, roles: Roles, video: Tensor, batch: Batch, cfg,
                 gen: torch.Generator) -> Tensor:
-    """Flow-matching loss of the critic on detached student samples (chunks in RMD stage 1)."""
+    """Flow-matching loss of the critic on detached student samples (chunks in RMD stage 1; with a first-chunk
+    critic, the sum of both critics' losses — their parameters are disjoint)."""
     critic = bidirectional_score(roles.critic)
     if method == "rmd" and rmd.stage(step, cfg.rmd) == "chunk":
         xs, cb = _rmd_inputs(video.detach(), batch, cfg)
-        return critic_flow_loss(xs, cb.text, critic, cfg.dmd, gen)
+        if cfg.rmd.first_chunk_weight is None or xs.shape[0] == video.shape[0]:
+            return critic_flow_loss(xs, cb.text, critic, cfg.dmd, gen)
+        (x1, b1), (xr, br) = _first_rest(xs, cb, video.shape[0])
+        return (critic_flow_loss(xr, br.text, critic, cfg.dmd, gen)
+                + critic_flow_loss(x1, b1.text, bidirectional_score(roles.first_critic), cfg.dmd, gen))
     return critic_flow_loss(video, batch.text, critic, cfg.dmd, gen)
 
 

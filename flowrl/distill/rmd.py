@@ -31,6 +31,9 @@ class Config:
     chunk_guidance_scale: float = 1.0
     chunk_teacher: str = ""               # diffusers Wan checkpoint for the chunk teacher; "" = the video teacher
     replay: bool = True                   # grad via one teacher-forcing replay forward instead of the rollout
+    # RMD scores the first chunk with the *base* teacher and its own critic, combined as
+    # (w·n₁·L_first + n_rest·L_rest)/(n_rest + w·n₁); None scores it like every other chunk
+    first_chunk_weight: float | None = None
     # stage 2 (stage2.yaml) settings, applied from chunk_stage_iterations on; None keeps the optim section's
     video_lr_generator: float | None = None          # RMD stage 2: 2e-6
     video_lr_critic: float | None = None             # RMD stage 2: 4e-7

@@ -27,9 +27,11 @@ class Roles:
     text_encoder: nn.Module
     vae: nn.Module
     chunk_teacher: CausalWan | None = None
+    first_critic: CausalWan | None = None     # RMD's separate first-chunk fake score
 
     def to(self, device) -> "Roles":
-        for m in (self.student, self.teacher, self.critic, self.text_encoder, self.vae, self.chunk_teacher):
+        for m in (self.student, self.teacher, self.critic, self.text_encoder, self.vae, self.chunk_teacher,
+                  self.first_critic):
             if m is not None:
                 m.to(device)
         return self
@@ -71,13 +73,14 @@ class PolicyText(nn.Module):
         return self.policy.encode(list(prompts), cfg=False).embeds["prompt_embeds"].float()
 
 
-def roles_from_policy(policy, mc) -> Roles:
+def roles_from_policy(policy, mc, first_critic: bool = False) -> Roles:
     """Teacher = the policy's transformer (frozen); student and critic = float32 copies of it, made causal;
     text encoder and VAE = the policy's."""
     tr = policy.transformer
     student = _wrap(copy.deepcopy(tr).float(), mc)
     critic = _wrap(copy.deepcopy(tr).float(), mc)
-    return Roles(student, _wrap(tr, mc), critic, PolicyText(policy), policy.vae)
+    first = _wrap(copy.deepcopy(tr).float(), mc) if first_critic else None
+    return Roles(student, _wrap(tr, mc), critic, PolicyText(policy), policy.vae, first_critic=first)
 
 
 def _policy(mc):
@@ -90,14 +93,17 @@ def _policy(mc):
     return WanPolicy.from_pretrained(mc.policy, dtype=_dtype(mc.dtype), device=device, config=cfg)
 
 
-def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
-    """Build every role from a ``ModelConfig`` (a WanPolicy, tiny offline models, or diffusers checkpoints)."""
+def build_roles(mc, chunk_teacher_path: str = "", first_critic: bool = False) -> Roles:
+    """Build every role from a ``ModelConfig`` (a WanPolicy, tiny offline models, or diffusers checkpoints);
+    ``first_critic`` adds RMD's first-chunk critic (initialised like the critic)."""
     if mc.policy:
-        return _finish(roles_from_policy(_policy(mc), mc), mc, chunk_teacher_path)
+        return _finish(roles_from_policy(_policy(mc), mc, first_critic), mc, chunk_teacher_path)
+    first = None
     if mc.tiny and not mc.teacher:
         teacher_tr = tiny_wan(0)
         student = _wrap(copy.deepcopy(teacher_tr), mc)
         critic = _wrap(copy.deepcopy(teacher_tr), mc)
+        first = _wrap(copy.deepcopy(teacher_tr), mc) if first_critic else None
         teacher = _wrap(teacher_tr, mc)
     else:
         if not mc.teacher:
@@ -105,6 +111,8 @@ def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
         teacher = _load(mc.teacher, mc)
         student = _load(mc.student_init or mc.teacher, mc, trainable=True)
         critic = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True)
+        if first_critic:
+            first = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True)
     text_dim = teacher.transformer.config.text_dim
     if mc.text_encoder:
         text_encoder = T5TextEncoder(mc.text_encoder, mc.text_len, _dtype(mc.dtype))
@@ -116,7 +124,7 @@ def build_roles(mc, chunk_teacher_path: str = "") -> Roles:
         vae = AutoencoderKLWan.from_pretrained(mc.vae, subfolder="vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(0)
-    return _finish(Roles(student, teacher, critic, text_encoder, vae), mc, chunk_teacher_path)
+    return _finish(Roles(student, teacher, critic, text_encoder, vae, first_critic=first), mc, chunk_teacher_path)
 
 
 def _finish(roles: Roles, mc, chunk_teacher_path: str) -> Roles:
@@ -129,6 +137,7 @@ def _finish(roles: Roles, mc, chunk_teacher_path: str) -> Roles:
         if frozen is not None:
             frozen.requires_grad_(False).eval()
     if mc.gradient_checkpointing:
-        roles.student.transformer.enable_gradient_checkpointing()
-        roles.critic.transformer.enable_gradient_checkpointing()
+        for m in (roles.student, roles.critic, roles.first_critic):
+            if m is not None:
+                m.transformer.enable_gradient_checkpointing()
     return roles

@@ -46,11 +46,14 @@ class DistillTrainer:
         self.cfg = cfg
         self.acc = accelerator or Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
         self.device = self.acc.device
-        self.roles = (roles or build_roles(cfg.model, cfg.rmd.chunk_teacher if cfg.method == "rmd" else "")
+        is_rmd = cfg.method == "rmd"
+        self.roles = (roles or build_roles(cfg.model, cfg.rmd.chunk_teacher if is_rmd else "",
+                                           first_critic=is_rmd and cfg.rmd.first_chunk_weight is not None)
                       ).to(self.device)
         oc = cfg.optim
         self.g_params = [p for p in self.roles.student.parameters() if p.requires_grad]
-        self.c_params = [p for p in self.roles.critic.parameters() if p.requires_grad]
+        critics = [self.roles.critic] + ([self.roles.first_critic] if self.roles.first_critic is not None else [])
+        self.c_params = [p for c in critics for p in c.parameters() if p.requires_grad]
         self.opt_g = torch.optim.AdamW(self.g_params, lr=oc.lr_generator, betas=oc.betas_generator,
                                        weight_decay=oc.weight_decay)
         self.opt_c = torch.optim.AdamW(self.c_params, lr=oc.lr_critic, betas=oc.betas_critic,
@@ -171,6 +174,8 @@ class DistillTrainer:
             state["balance"] = self.extras["balance"].state_dict()
         tensors = {"student": self.roles.student.transformer.state_dict(),
                    "critic": self.roles.critic.transformer.state_dict(), "ema": ema}
+        if self.roles.first_critic is not None:
+            tensors["first_critic"] = self.roles.first_critic.transformer.state_dict()
         return save_checkpoint(self.cfg.output_dir, step, tensors, state, keep_last=self.cfg.keep_last)
 
     def resume(self, path: str | Path | None = None) -> int:
@@ -181,6 +186,8 @@ class DistillTrainer:
         tensors, state = load_checkpoint(p, map_location=self.device)
         self.roles.student.transformer.load_state_dict(tensors["student"])
         self.roles.critic.transformer.load_state_dict(tensors["critic"])
+        if self.roles.first_critic is not None:
+            self.roles.first_critic.transformer.load_state_dict(tensors["first_critic"])
         for i, s in enumerate(self.ema.shadow):
             s.copy_(tensors["ema"][str(i)])
         self.ema.num_updates = int(state["ema_num_updates"])

@@ -186,3 +186,36 @@ def test_rmd_stage_two_settings():
     cfg = rmd.Config(chunk_stage_iterations=10, video_lr_generator=2e-6, video_critic_steps_per_generator=5)
     assert rmd.stage_settings(9, cfg, 2e-5, 2e-5, 6) == (2e-5, 2e-5, 6)
     assert rmd.stage_settings(10, cfg, 2e-5, 2e-5, 6) == (2e-6, 2e-5, 5)
+
+
+def test_rmd_first_chunk_goes_to_base_teacher_and_its_own_critic():
+    from types import SimpleNamespace
+
+    from flowrl.distill.config import DistillConfig
+    from flowrl.distill.objectives import Batch, rmd_chunk_loss
+    from flowrl.distill.roles import Roles, bidirectional_score
+
+    class Fake:
+        def __init__(self, scale):
+            self.transformer, self.scale, self.batches = SimpleNamespace(dtype=torch.float32), scale, []
+
+        def __call__(self, x, t, text, causal=True):
+            self.batches.append(x.shape[0])
+            return x * self.scale
+
+    roles = Roles(None, Fake(0.5), Fake(0.2), None, None, chunk_teacher=Fake(0.7), first_critic=Fake(0.1))
+    cfg = DistillConfig(method="rmd", rmd=rmd.Config(first_chunk_weight=2.0))
+    x = torch.randn(2, 3, 4, 2, 2, requires_grad=True)
+    batch = Batch(["a", "b"], torch.zeros(2, 1, 1), torch.zeros(2, 1, 1))
+    loss, metrics = rmd_chunk_loss(x, roles, batch, cfg, torch.Generator().manual_seed(0))
+    assert roles.teacher.batches == [2, 2] and roles.first_critic.batches == [2]      # cond + uncond, 2 videos
+    assert roles.chunk_teacher.batches == [6, 6] and roles.critic.batches == [6]      # 3 later chunks × 2
+    dcfg = DMDConfig(guidance_scale=1.0)
+    gen = torch.Generator().manual_seed(0)
+    xs = rmd.split_chunks(x.detach(), 1)
+    z = torch.zeros(2, 1, 1)
+    l1, _ = generator_dmd_loss(xs[[0, 4]], z, z, bidirectional_score(Fake(0.5)), bidirectional_score(Fake(0.1)),
+                               dcfg, generator=gen)
+    lr, _ = generator_dmd_loss(xs[[1, 2, 3, 5, 6, 7]], torch.zeros(6, 1, 1), torch.zeros(6, 1, 1),
+                               bidirectional_score(Fake(0.7)), bidirectional_score(Fake(0.2)), dcfg, generator=gen)
+    assert torch.allclose(loss, (2 * l1 + 3 * lr) / (3 + 2)) and loss.requires_grad
