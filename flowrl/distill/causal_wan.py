@@ -21,8 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flowrl.distill.kv_cache import (KVCache, _check_window, block_causal_frame_mask, expand_frame_mask,
-                                     frame_blocks)
+from flowrl.distill.kv_cache import (
+    KVCache,
+    _check_window,
+    block_causal_frame_mask,
+    expand_frame_mask,
+    frame_blocks,
+)
 
 
 @dataclass
@@ -40,7 +45,7 @@ class AttentionState:
     frame_positions: Tensor | None = None
     read: KVCache | None = None   # frozen view of ``cache`` taken when the forward started
 
-    def snapshot(self) -> "AttentionState":
+    def snapshot(self) -> AttentionState:
         """A copy that later cache writes cannot change (read side frozen; writes still reach ``cache``)."""
         return replace(self, read=None if self.cache is None else self.cache.view())
 
@@ -94,8 +99,8 @@ class CausalSelfAttention:
 
 def rope_with_positions(rope: nn.Module, shape: tuple[int, ...], positions: Tensor) -> tuple[Tensor, Tensor]:
     """Wan's 3-D RoPE tables (1, L, 1, D) with temporal index ``positions`` (F,) instead of 0..F−1."""
-    _, _, f, h, w = shape
-    pt, ph, pw = rope.patch_size
+    h, w = shape[-2:]
+    _, ph, pw = rope.patch_size
     hp, wp = h // ph, w // pw
     if int(positions.max()) >= rope.max_seq_len:
         raise ValueError(f"latent frame position {int(positions.max())} exceeds the RoPE table "
@@ -130,7 +135,7 @@ class CausalWan(nn.Module):
         transformer.rope.register_forward_hook(self._rope_hook)
 
     @classmethod
-    def from_pretrained(cls, path: str, subfolder: str | None = "transformer", torch_dtype=None, **kw) -> "CausalWan":
+    def from_pretrained(cls, path: str, subfolder: str | None = "transformer", torch_dtype=None, **kw) -> CausalWan:
         """Initialise the causal student from a bidirectional diffusers Wan checkpoint (e.g. Wan2.1-T2V-1.3B)."""
         from diffusers import WanTransformer3DModel
 

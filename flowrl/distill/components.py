@@ -6,7 +6,7 @@ config objects — nothing is downloaded. Real checkpoints load through the norm
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -13,8 +13,8 @@ x̂_u + w(x̂_c − x̂_u) (diffusers/FastVideo ``dmd2.py``); the same guidance 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor

@@ -125,7 +125,7 @@ class KVCache:
                 self.v[i] = self.v[i][:, tok.to(self.v[i].device)]
         self._frame_ids = ids[pos]
 
-    def view(self) -> "KVCache":
+    def view(self) -> KVCache:
         """A read-only snapshot sharing tensors (``store`` rebinds, never mutates, so later writes do not show)."""
         snap = copy.copy(self)
         snap.k, snap.v = list(self.k), list(self.v)

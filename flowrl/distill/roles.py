@@ -13,8 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.distill.causal_wan import CausalWan
-from flowrl.distill.components import (HashTextEncoder, T5TextEncoder, original_wan_state_dict, tiny_vae,
-                                       tiny_wan)
+from flowrl.distill.components import (
+    HashTextEncoder,
+    T5TextEncoder,
+    original_wan_state_dict,
+    tiny_vae,
+    tiny_wan,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,7 +34,7 @@ class Roles:
     chunk_teacher: CausalWan | None = None
     first_critic: CausalWan | None = None     # RMD's separate first-chunk fake score
 
-    def to(self, device) -> "Roles":
+    def to(self, device) -> Roles:
         for m in (self.student, self.teacher, self.critic, self.text_encoder, self.vae, self.chunk_teacher,
                   self.first_critic):
             if m is not None:

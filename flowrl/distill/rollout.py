@@ -13,8 +13,9 @@ step an Euler step x' = x + (σ' − σ)·v (FastVideo ``student_sample_type: od
 """
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -30,7 +31,7 @@ def chunk_slices(num_frames: int, chunk_frames: int) -> list[slice]:
                          "generate more frames or lower chunk_frames")
     first = chunk_frames + num_frames % chunk_frames
     bounds = [0, *range(first, num_frames + 1, chunk_frames)]
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def renoise(x: Tensor, v: Tensor, sigma: float, sigma_next: float, kind: str,

@@ -1,8 +1,8 @@
 """Sampling helpers around streaming inference: stream one prompt to MP4, load distilled weights, eval grids."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor

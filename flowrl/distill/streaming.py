@@ -8,8 +8,8 @@ latency = wall time from the start of the stream to that chunk's frames; FPS = d
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn

@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from flowrl.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from flowrl.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from flowrl.distill import objectives, rmd
 from flowrl.distill.config import DistillConfig
 from flowrl.distill.objectives import Batch

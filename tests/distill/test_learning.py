@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from flowrl.distill.config import load_config
-from flowrl.distill.ode_init import Config as ODEConfig, teacher_trajectory
+from flowrl.distill.ode_init import Config as ODEConfig
+from flowrl.distill.ode_init import teacher_trajectory
 from flowrl.distill.roles import bidirectional_score
 from flowrl.distill.rollout import self_forcing_rollout
 from flowrl.distill.trainer import DistillTrainer

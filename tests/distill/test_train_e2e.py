@@ -41,8 +41,8 @@ def weights(trainer):
 @pytest.mark.parametrize("recipe,extra", [
     ("tiny.yaml", []),
     ("tiny_stream_r1.yaml", []),                                          # rewards/ plugins by name
-    ("tiny_stream_r1.yaml", ["stream_r1.axes={visual_quality: distill_test_brightness, "
-                             "motion_quality: distill_test_smoothness}", "stream_r1.axis_kwargs={}"]),
+    ("tiny_stream_r1.yaml", [("stream_r1.axes={visual_quality: distill_test_brightness, "
+                              "motion_quality: distill_test_smoothness}"), "stream_r1.axis_kwargs={}"]),
     ("tiny_rmd.yaml", ["rmd.chunk_stage_iterations=2"]),
     ("tiny_rmd.yaml", ["rmd.chunk_stage_iterations=4", "rmd.first_chunk_weight=2.0", "rmd.replay=false"]),
     ("tiny.yaml", ["method=ode_init", "ode_init.teacher_steps=8"]),

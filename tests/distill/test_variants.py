@@ -8,7 +8,8 @@ from flowrl.distill import rmd, stream_r1
 from flowrl.distill.causal_wan import CausalWan
 from flowrl.distill.components import decode_video, tiny_vae, tiny_wan
 from flowrl.distill.dmd import DMDConfig, generator_dmd_loss
-from flowrl.distill.ode_init import Config as ODEConfig, ode_regression_loss, teacher_sigmas, teacher_trajectory
+from flowrl.distill.ode_init import Config as ODEConfig
+from flowrl.distill.ode_init import ode_regression_loss, teacher_sigmas, teacher_trajectory
 from flowrl.distill.rollout import self_forcing_rollout
 from flowrl.distill.schedule import denoising_timesteps
 from flowrl.distill.streaming import StreamingDecoder, stream_video
@@ -57,7 +58,7 @@ def test_score_axes_pixel_gradient_and_weighted_dmd_gradient():
     assert torch.allclose(grads, torch.full_like(grads, 1 / px[0].numel()))
     x = torch.randn(2, 2, 3, 2, 2, requires_grad=True)
     w = stream_r1.rollout_weight(raw[:, 0], 2.0).view(-1, 1, 1, 1, 1) * torch.rand(2, 1, 3, 2, 2)
-    score = lambda xt, t, c: xt * 0.1  # noqa: E731
+    score = lambda xt, t, c: xt * 0.1
     loss, sc = generator_dmd_loss(x, None, None, score, lambda xt, t, c: xt * 0.3, DMDConfig(), w)
     loss.backward()
     assert torch.allclose(x.grad, (w * sc.grad / x.numel()), atol=1e-7)  # exp(βr)·W_intra ⊙ g / N
@@ -83,7 +84,7 @@ def test_chunk_scores_see_one_chunk_alone():
         return xt * 0.5
     x = torch.randn(1, 2, 4, 2, 2)
     xs = rmd.split_chunks(x, 1)
-    loss_a, sa = generator_dmd_loss(xs, None, None, teacher, lambda xt, t, c: xt * 0.2, DMDConfig(),
+    _, sa = generator_dmd_loss(xs, None, None, teacher, lambda xt, t, c: xt * 0.2, DMDConfig(),
                                     generator=torch.Generator().manual_seed(0))
     assert set(seen) == {1}
     x2 = x.clone()
@@ -207,7 +208,7 @@ def test_rmd_first_chunk_goes_to_base_teacher_and_its_own_critic():
     cfg = DistillConfig(method="rmd", rmd=rmd.Config(first_chunk_weight=2.0))
     x = torch.randn(2, 3, 4, 2, 2, requires_grad=True)
     batch = Batch(["a", "b"], torch.zeros(2, 1, 1), torch.zeros(2, 1, 1))
-    loss, metrics = rmd_chunk_loss(x, roles, batch, cfg, torch.Generator().manual_seed(0))
+    loss, _ = rmd_chunk_loss(x, roles, batch, cfg, torch.Generator().manual_seed(0))
     assert roles.teacher.batches == [2, 2] and roles.first_critic.batches == [2]      # cond + uncond, 2 videos
     assert roles.chunk_teacher.batches == [6, 6] and roles.critic.batches == [6]      # 3 later chunks × 2
     dcfg = DMDConfig(guidance_scale=1.0)
