@@ -64,7 +64,7 @@ def check_input(batch: RewardInput, name: str, accepts: tuple[str, ...] = ("imag
         raise RewardError(f"reward {name!r}: pixels must be float in [0, 1], got dtype {px.dtype}; "
                           "convert uint8 with x.float() / 255")
     if px.numel():
-        lo, hi = float(px.min()), float(px.max())
+        lo, hi = float(px.detach().min()), float(px.detach().max())
         if not (lo >= -_RANGE_TOL and hi <= 1 + _RANGE_TOL):
             raise RewardError(f"reward {name!r}: pixels must lie in [0, 1], got range [{lo:.3g}, {hi:.3g}]; "
                               "map [-1, 1] outputs with (x + 1) / 2 and clamp")
