@@ -11,7 +11,9 @@ data, a CFG pair counting once) and against training wall time (evaluation exclu
 
 DiffusionNFT reports "up to 25× fewer steps than Flow-GRPO" (reference B §1.5). ``nft_nfe_to_grpo_final`` answers
 the same question here: GRPO's rollout NFEs at its end divided by the NFEs NFT needed to first reach GRPO's final
-accuracy (linear interpolation between evaluations; null when NFT never reaches it within the budget).
+accuracy (linear interpolation between evaluations; null when NFT never reaches it within the budget, or already
+starts there). The same ratio for the verifier's partial credit (mean of the per-prompt checks) is
+``nft_nfe_to_grpo_final_partial``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 OBJECTIVES = ("grpo", "nft", "awr")
 ACC = "eval/shapes/strict/mean"
+PARTIAL = "eval/shapes/partial/mean"
 
 
 def parse(argv):
@@ -37,16 +40,16 @@ def parse(argv):
     return ap.parse_args(argv)
 
 
-def curve(run_dir: Path) -> list[tuple[float, float, float]]:
-    """[(rollout NFEs, wall seconds, accuracy)] at each evaluation, from the run's metrics.jsonl."""
+def curve(run_dir: Path, metric: str = ACC) -> list[tuple[float, float, float]]:
+    """[(rollout NFEs, wall seconds, metric)] at each evaluation, from the run's metrics.jsonl."""
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     at = {r["step"]: r for r in recs if "train/rollout_nfe" in r}
     out = []
     for r in recs:
-        if r.get(ACC) is None:
+        if r.get(metric) is None:
             continue
         t = at.get(r["step"], {})
-        out.append((float(t.get("train/rollout_nfe", 0)), float(t.get("time/wall", 0.0)), float(r[ACC])))
+        out.append((float(t.get("train/rollout_nfe", 0)), float(t.get("time/wall", 0.0)), float(r[metric])))
     return out
 
 
@@ -69,12 +72,14 @@ def run_one(objective: str, args) -> dict:
           "log.progress=false", *args.overrides]
     cfg = load_config(REPO / "configs" / "toy" / f"{objective}.yaml", ov)
     summary = train(cfg)
-    pts = curve(cfg.run_dir)
+    pts, partial = curve(cfg.run_dir), curve(cfg.run_dir, PARTIAL)
     return {"acc_before": summary["before"].get(ACC), "acc_after": summary["after"].get(ACC),
+            "partial_before": summary["before"].get(PARTIAL), "partial_after": summary["after"].get(PARTIAL),
             "nfe": summary["state"]["rollout_nfe"], "wall_s": round(summary["state"]["wall_time"], 1),
             "palette_distance_before": summary["before"].get("eval/palette_distance/mean"),
             "palette_distance_after": summary["after"].get("eval/palette_distance/mean"),
-            "curve_nfe_wall_acc": [[n, round(w, 1), a] for n, w, a in pts]}
+            "curve_nfe_wall_acc": [[n, round(w, 1), a] for n, w, a in pts],
+            "curve_nfe_wall_partial": [[n, round(w, 1), a] for n, w, a in partial]}
 
 
 def main(argv: list[str]) -> dict:
@@ -89,9 +94,11 @@ def main(argv: list[str]) -> dict:
         result[objective] = run_one(objective, args)
     if "grpo" in result and "nft" in result:
         g, n = result["grpo"], result["nft"]
-        reach = first_reach([tuple(p) for p in n["curve_nfe_wall_acc"]], g["acc_after"])
-        result["nft_nfe_at_grpo_final_acc"] = reach
-        result["nft_nfe_to_grpo_final"] = round(g["nfe"] / reach, 2) if reach else None
+        for key, final, suffix in (("curve_nfe_wall_acc", g["acc_after"], ""),
+                                   ("curve_nfe_wall_partial", g["partial_after"], "_partial")):
+            reach = first_reach([tuple(p) for p in n[key]], final)
+            result[f"nft_nfe_at_grpo_final{suffix}"] = reach
+            result[f"nft_nfe_to_grpo_final{suffix}"] = round(g["nfe"] / reach, 2) if reach else None
     return result
 
 
