@@ -32,7 +32,7 @@ def parse(argv):
     ap = argparse.ArgumentParser(prog="bench.py learning", description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 194)")
+    ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 90)")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_learning"))
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
