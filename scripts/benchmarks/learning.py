@@ -1,6 +1,6 @@
 """Learning on the toy shapes world: GRPO, DiffusionNFT and AWR from the same shipped checkpoint, same budget.
 
-    python scripts/bench.py learning [--iterations 40] [--eval-every 5] [--eval-prompts 0] [--out runs/bench_learning]
+    python scripts/bench.py learning [--iterations 60] [--eval-every 5] [--eval-prompts 0] [--out runs/bench_learning]
 
 Each objective runs its recipe (``configs/toy/{grpo,nft,awr}.yaml``) for the same number of iterations, i.e. the
 same number of rollout samples and the same rollout steps per sample, one run each (no seeds averaged: read
@@ -30,9 +30,10 @@ PARTIAL = "eval/shapes/partial/mean"
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="bench.py learning", description=__doc__.split("\n")[0])
-    ap.add_argument("--iterations", type=int, default=40)
+    ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 90)")
+    ap.add_argument("--seeds", default="0,1,2", help="evaluation seeds (images per prompt)")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_learning"))
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
@@ -69,6 +70,7 @@ def run_one(objective: str, args) -> dict:
 
     ov = [f"run.output_dir={args.out}", f"run.name={objective}", f"train.iterations={args.iterations}",
           f"eval.every={args.eval_every}", f"eval.num_prompts={args.eval_prompts or 'null'}", "checkpoint.every=0",
+          f"eval.seeds=[{args.seeds}]",
           "log.progress=false", *args.overrides]
     cfg = load_config(REPO / "configs" / "toy" / f"{objective}.yaml", ov)
     summary = train(cfg)
@@ -88,7 +90,8 @@ def main(argv: list[str]) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-    result: dict = {"bench": "learning", "iterations": args.iterations, "eval_prompts": args.eval_prompts or "all"}
+    result: dict = {"bench": "learning", "iterations": args.iterations, "eval_prompts": args.eval_prompts or "all",
+                    "eval_seeds": [int(s) for s in args.seeds.split(",")]}
     for objective in args.objectives.split(","):
         print(f"[learning] {objective} ...", file=sys.stderr, flush=True)
         result[objective] = run_one(objective, args)
