@@ -37,6 +37,7 @@ class RunSection:
     resume: bool = False              # continue from the latest checkpoint in the run dir (reads its config.yaml)
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (ref A §2.4)
     cpu: bool = False                 # force CPU even when an accelerator is present
+    threads: int | None = None        # torch CPU threads (None: torch's default); 1 is fastest for tiny models
 
 
 @dataclass

@@ -83,6 +83,8 @@ class Trainer:
         self.dist = _dist.Dist(accelerator)
         check_geometry(cfg, self.dist.world)
         torch.manual_seed(cfg.run.seed)          # LoRA init and anything else drawn from the global RNG
+        if cfg.run.threads is not None:
+            torch.set_num_threads(cfg.run.threads)
         self.parts = build_parts(cfg, self.dist, policy)
         self.policy = self.parts.policy
         self.state = LoopState()
