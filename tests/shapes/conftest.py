@@ -3,10 +3,5 @@ shared, oversubscribed CPU two spinning OpenMP threads make them many times slow
 import pytest
 import torch
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
