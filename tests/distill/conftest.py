@@ -17,12 +17,3 @@ def video_inputs():
     x = torch.randn(2, 16, 6, 4, 4, generator=g)
     text = torch.randn(2, 8, 32, generator=g)
     return x, text
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models are dominated by thread overhead on a shared CPU: run them single-threaded."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

@@ -39,12 +39,3 @@ def generators(n, seed=0):
 @pytest.fixture
 def gens():
     return generators
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add contention on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
