@@ -1,15 +1,4 @@
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine run fastest single-threaded."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
+"""Shared helpers for the trainer tests."""
 
 def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iterations: int = 2) -> list[str]:
     """A tiny toy-world run: 2 prompts × 2 samples, 3 steps, eval on 2 held-out prompts."""
