@@ -114,7 +114,7 @@ class Parts:
             x1 = policy.noise(gens[sl], s.height, s.width, s.num_frames)
             sigmas = policy.sigmas(s.steps, x1)
             with policy.adapter("old"):
-                res = rollout(lambda x, sig: policy.velocity(x, sig, cond, w), x1, sigmas, plan,
+                res = rollout(lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w), x1, sigmas, plan,
                               self.kernel, self.cfg.sampler.kernel.config, gens[sl])
             conds.append(cond)
             results.append(res)

@@ -9,7 +9,13 @@ CPU (``tests/trainer/test_resume.py``).
 """
 from __future__ import annotations
 
-from flowrl.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from flowrl.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 
 
 def save_run(trainer) -> None:

@@ -92,7 +92,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
-        cfg, parts = self.cfg, self.parts
+        cfg = self.cfg
         if cfg.run.resume:
             self.resume()
         elif self.dist.is_main:

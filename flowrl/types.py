@@ -13,8 +13,8 @@ Pixels are float in [0, 1]: images (B, 3, H, W), videos (B, F, 3, H, W).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ class Cond:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def select(self, idx: Sequence[int] | Tensor) -> "Cond":
+    def select(self, idx: Sequence[int] | Tensor) -> Cond:
         """Rows ``idx`` of every tensor (and prompt)."""
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         ids = idx_t.tolist()
@@ -55,12 +55,12 @@ class Cond:
             [self.prompts[i] for i in ids],
         )
 
-    def repeat_interleave(self, n: int) -> "Cond":
+    def repeat_interleave(self, n: int) -> Cond:
         """Each row repeated ``n`` times in place (a group of n samples per prompt)."""
         idx = torch.arange(len(self)).repeat_interleave(n)
         return self.select(idx)
 
-    def to(self, device: torch.device | str) -> "Cond":
+    def to(self, device: torch.device | str) -> Cond:
         def mv(d):
             return None if d is None else {k: v.to(device) for k, v in d.items()}
 
@@ -105,7 +105,7 @@ class Trajectory:
     step_idx: Tensor
     noise: Tensor | None = None
 
-    def select(self, idx: Tensor) -> "Trajectory":
+    def select(self, idx: Tensor) -> Trajectory:
         """Rows ``idx`` (sample axis) of every per-sample tensor."""
         out = {}
         for f in fields(self):
@@ -154,7 +154,7 @@ class RewardInput:
     def is_video(self) -> bool:
         return self.pixels.dim() == 5
 
-    def select(self, idx: Sequence[int]) -> "RewardInput":
+    def select(self, idx: Sequence[int]) -> RewardInput:
         idx = list(idx)
         return replace(
             self,

@@ -55,7 +55,7 @@ def nonfinite_terms(loss: Tensor, metrics: dict) -> list[str]:
 
 def optimizer_updates(trainer, samples, adv: Tensor, keep: Tensor, iteration: int) -> UpdateStats:
     """Run the K × U optimizer steps of one iteration on this process's samples; returns their stats."""
-    cfg, parts = trainer.cfg, trainer.parts
+    cfg = trainer.cfg
     stats = UpdateStats()
     idx = torch.nonzero(keep).flatten()
     stats.add({"skip/samples_dropped": float((~keep).sum())})

@@ -5,10 +5,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import toy_overrides  # noqa: E402
+from conftest import toy_overrides
 
-from flowrl.config import load_config  # noqa: E402
-from flowrl.trainer import Trainer  # noqa: E402
+from flowrl.config import load_config
+from flowrl.trainer import Trainer
 
 torch.set_num_threads(1)
 out_dir, name = sys.argv[1], sys.argv[2]

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import toy_overrides  # noqa: E402
+from conftest import toy_overrides
 
-from flowrl.config import load_config  # noqa: E402
-from flowrl.trainer import Trainer  # noqa: E402
+from flowrl.config import load_config
+from flowrl.trainer import Trainer
 
 
 def check_trained(t: Trainer, out: dict, run_dir: Path, start: dict) -> list[dict]:

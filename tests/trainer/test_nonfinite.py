@@ -6,11 +6,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import toy_overrides  # noqa: E402
+from conftest import toy_overrides
 
-from flowrl.config import load_config  # noqa: E402
-from flowrl.trainer import Trainer  # noqa: E402
-from rewards import REWARDS  # noqa: E402
+from flowrl.config import load_config
+from flowrl.trainer import Trainer
+from rewards import REWARDS
 
 
 def all_nan(batch):

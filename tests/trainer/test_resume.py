@@ -6,10 +6,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import toy_overrides  # noqa: E402
+from conftest import toy_overrides
 
-from flowrl.config import load_config, load_resolved  # noqa: E402
-from flowrl.trainer import Trainer  # noqa: E402
+from flowrl.config import load_config, load_resolved
+from flowrl.trainer import Trainer
 
 
 def final_state(trainer):
