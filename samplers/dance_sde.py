@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, bcast, check_pair, finish, per_sample
+from samplers.kernel import Kernel, as_f32, check_pair, finish, per_sample, reverse_sde_mean
 from samplers.log_prob import gaussian_log_prob
 
 
@@ -37,9 +37,8 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
     if bool((s <= 0).any()):
         raise ValueError("dance_sde: σ must be > 0 (the score divides by σ²); the last step to σ=0 should be ODE")
     ds = sn - s
-    eta = cfg.noise_level
-    x1_hat = x + bcast(1 - s, x) * v
-    mean = x + bcast(ds, x) * (v + bcast(eta**2 / (2 * s), x) * x1_hat)
+    eta = torch.full_like(s, cfg.noise_level)
+    mean = reverse_sde_mean(x, v, s, ds, eta)
     std = eta * torch.sqrt(-ds)
     return finish(mean, std, x, noise, None if x_next is None else x_next.float())
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, bcast, check_pair, finish, per_sample
+from samplers.kernel import Kernel, as_f32, check_pair, finish, per_sample, reverse_sde_mean
 from samplers.log_prob import gaussian_log_prob
 
 NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "qwen_image": 1.2, "wan": 1.0}
@@ -73,8 +73,7 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
         raise ValueError("flow_sde: σ must be > 0 (the drift divides by σ); the last step to σ=0 should be ODE")
     dt = sn - s
     g = diffusion_coefficient(s, sn, cfg)
-    g2_2s = g**2 / (2 * s)
-    mean = x * bcast(1 + g2_2s * dt, x) + v * bcast((1 + g2_2s * (1 - s)) * dt, x)
+    mean = reverse_sde_mean(x, v, s, dt, g)
     std = g * torch.sqrt(-dt)
     return finish(mean, std, x, noise, None if x_next is None else x_next.float())
 

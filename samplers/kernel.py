@@ -70,6 +70,14 @@ def check_pair(x: Tensor, v: Tensor, other: Tensor | None, what: str) -> None:
         raise ValueError(f"{what} shape {tuple(other.shape)} != latents shape {tuple(x.shape)}")
 
 
+def reverse_sde_mean(x: Tensor, v: Tensor, sigma: Tensor, dt: Tensor, g: Tensor) -> Tensor:
+    """Mean of the reverse-SDE step shared by Flow-GRPO and DanceGRPO (reference A §1.2–1.3):
+    ``μ = x + dt·[v + (g²/(2σ))·x̂1]`` with ``x̂1 = x + (1−σ)·v``, written as
+    ``x·(1 + g²·dt/(2σ)) + v·(1 + g²(1−σ)/(2σ))·dt``. σ, dt, g are per sample (B,)."""
+    g2_2s = g**2 / (2 * sigma)
+    return x * bcast(1 + g2_2s * dt, x) + v * bcast((1 + g2_2s * (1 - sigma)) * dt, x)
+
+
 def finish(mean: Tensor, std: Tensor, x: Tensor, noise: Tensor | None, x_next: Tensor | None) -> StepOut:
     """x_next = given x_next, else mean + std·noise (mean when noise is None)."""
     if noise is not None and x_next is not None:
