@@ -22,7 +22,7 @@ from torch import Tensor
 
 from flowrl.types import StepOut
 from samplers.kernel import Kernel, as_f32, check_pair, finish, per_sample, reverse_sde_mean
-from samplers.log_prob import gaussian_log_prob
+from samplers.log_prob import gaussian_kernel_log_prob
 
 NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "qwen_image": 1.2, "wan": 1.0}
 """Flow-GRPO's published ``a`` per model family (reference A §1.2 table)."""
@@ -78,9 +78,5 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
     return finish(mean, std, x, noise, None if x_next is None else x_next.float())
 
 
-def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean", cfg: Config | None = None) -> Tensor:
-    """Normalised Gaussian log-density (:func:`samplers.log_prob.gaussian_log_prob`)."""
-    return gaussian_log_prob(x_next, mean, std, reduce)
-
-
+log_prob = gaussian_kernel_log_prob
 KERNEL = Kernel("flow_sde", Config, step, log_prob)

@@ -47,6 +47,12 @@ def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "
     return reduce_elements(elem, reduce)
 
 
+
+def gaussian_kernel_log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean", cfg=None) -> Tensor:
+    """The ``Kernel.log_prob`` of the Gaussian SDE kernels (flow_sde, dance_sde): :func:`gaussian_log_prob`;
+    ``cfg`` is accepted for the common kernel signature and unused."""
+    return gaussian_log_prob(x_next, mean, std, reduce)
+
 def gaussian_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tensor:
     """Entropy of N(μ, s²I_d): per element ``h = ½log(2πe) + log s`` (reference C §0);
     ``reduce="sum"`` gives ``d·h`` for ``d = numel`` elements."""
