@@ -42,6 +42,13 @@ def load_open_clip(model_name: str, pretrained: str | None, checkpoint: str | No
     return model, open_clip.get_tokenizer(model_name)
 
 
+
+def load_open_clip_from(cfg, device: torch.device, dtype: torch.dtype):
+    """:func:`load_open_clip` with the five loading fields every open_clip reward's ``Config`` carries
+    (``model_name``, ``pretrained``, ``checkpoint``, ``checkpoint_key``, ``model_config``)."""
+    return load_open_clip(cfg.model_name, cfg.pretrained, cfg.checkpoint, cfg.checkpoint_key, cfg.model_config,
+                          device, dtype)
+
 def preprocess_cfg(model) -> dict:
     """{size, mean, std, mode} of an open_clip model's eval transform."""
     cfg = dict(getattr(model.visual, "preprocess_cfg", {}) or {})

@@ -40,11 +40,9 @@ class HPSv2:
         self.model = None
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.clip_openclip import load_open_clip, preprocess_cfg
+        from rewards.clip_openclip import load_open_clip_from, preprocess_cfg
 
-        c = self.cfg
-        self.model, self.tokenizer = load_open_clip(c.model_name, c.pretrained, c.checkpoint, c.checkpoint_key,
-                                                    c.model_config, device, dtype)
+        self.model, self.tokenizer = load_open_clip_from(self.cfg, device, dtype)
         self.norm = preprocess_cfg(self.model)
         self.device, self.dtype = device, dtype
 

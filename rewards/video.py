@@ -98,11 +98,9 @@ class TemporalConsistency:
         self.model = None
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.clip_openclip import load_open_clip
+        from rewards.clip_openclip import load_open_clip_from
 
-        c = self.cfg
-        self.model, _ = load_open_clip(c.model_name, c.pretrained, c.checkpoint, c.checkpoint_key,
-                                       c.model_config, device, dtype)
+        self.model, _ = load_open_clip_from(self.cfg, device, dtype)
         self.device, self.dtype = device, dtype
 
     def __call__(self, batch: RewardInput) -> Tensor:
