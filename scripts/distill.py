@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(sys.argv[1:] if argv is None else argv)
     from flowrl.distill.config import load_config
     from flowrl.distill.trainer import DistillTrainer
-    from flowrl.logging import MetricsLogger
+    from flowrl.training.metrics_log import MetricsLogger
 
     cfg = load_config(args.config, args.overrides)
     trainer = DistillTrainer(cfg)

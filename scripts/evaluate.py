@@ -153,7 +153,7 @@ def policy_columns(policy, args: argparse.Namespace, family: str) -> dict:
 
 
 def load_prompt_source(source: str, seed: int):
-    from flowrl.prompts import load_prompts
+    from flowrl.data.prompts import load_prompts
 
     return load_prompts(source, seed)
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return None
-    from flowrl.trainer import train
+    from flowrl.training.trainer import train
 
     try:
         summary = train(cfg)

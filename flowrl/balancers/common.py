@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flowrl.advantages import group_advantages
+from flowrl.balancers.advantages import group_advantages
 
 
 def check_inputs(R: Tensor, group_ids: Tensor, weights: Tensor | Sequence[float] | None) -> Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.advantages import batch_normalize
+from flowrl.balancers.advantages import batch_normalize
 from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.advantages import group_advantages
+from flowrl.balancers.advantages import group_advantages
 from flowrl.balancers.common import any_finite, check_inputs, on_cpu
 
 

@@ -1,4 +1,4 @@
-"""The distillation run config (YAML recipes in ``configs/distill/``), loaded strictly by ``flowrl.configlib``.
+"""The distillation run config (YAML recipes in ``configs/distill/``), loaded strictly by ``flowrl.config.loader``.
 
 Defaults are Self-Forcing's published DMD recipe (reference D §1.7, ``configs/self_forcing_dmd.yaml`` +
 ``default_config.yaml``) except where a section says otherwise; the tiny CPU recipe overrides sizes only.
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.configlib import load_yaml
+from flowrl.config.loader import load_yaml
 from flowrl.distill import ode_init, rmd, stream_r1
 from flowrl.distill.dmd import DMDConfig
 

@@ -119,7 +119,7 @@ def plot_metrics(records: Sequence[dict], names: Sequence[str], columns: int = 3
 def plot_run(run_dir: str | Path, patterns: Sequence[str] = DEFAULT_PATTERNS, out: str | Path | None = None) -> Path:
     """Write the curves of ``run_dir/metrics.jsonl`` matching ``patterns`` to ``out`` (default run_dir/curves.png)."""
     from flowrl.eval.media import save_png
-    from flowrl.logging import read_metrics
+    from flowrl.training.metrics_log import read_metrics
 
     records = read_metrics(run_dir)
     return save_png(plot_metrics(records, matching_names(records, patterns)), out or Path(run_dir) / "curves.png")

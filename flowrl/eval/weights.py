@@ -1,6 +1,6 @@
 """Evaluate trainer checkpoints: swap a checkpoint's weights into a policy's "train" weight set for a block.
 
-A trainer checkpoint (``flowrl.resume.save_run`` through ``flowrl.checkpoint``) holds tensor groups ``train`` and
+A trainer checkpoint (``flowrl.checkpoint.resume.save_run`` through ``flowrl.checkpoint``) holds tensor groups ``train`` and
 ``old`` (adapter or full-transformer state dicts, ``policy.adapter_state_dict`` keys) and ``ema`` (the eval-EMA
 shadow of ``policy.trainable_parameters()``, keys ``00000, 00001, …`` in parameter order). ``checkpoint_weights``
 loads one of them into the "train" weights, runs the block under ``policy.adapter("train")`` and puts the previous

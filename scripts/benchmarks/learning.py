@@ -66,7 +66,7 @@ def first_reach(points: list[tuple[float, float, float]], target: float) -> floa
 
 def run_one(objective: str, args) -> dict:
     from flowrl.config import load_config
-    from flowrl.trainer import train
+    from flowrl.training.trainer import train
 
     ov = [f"run.output_dir={args.out}", f"run.name={objective}", f"train.iterations={args.iterations}",
           f"eval.every={args.eval_every}", f"eval.num_prompts={args.eval_prompts or 'null'}", "checkpoint.every=0",

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.advantages import (
+from flowrl.balancers.advantages import (
     PerPromptStatTracker,
     batch_normalize,
     clip_advantages,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import flowrl.checkpoint as ck
+import flowrl.checkpoint.store as ck
 from flowrl.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -140,7 +140,7 @@ def test_process_killed_mid_write_leaves_a_loadable_latest(tmp_path):
     """A real crash: the writer process dies (os._exit) after the weights file, before state/manifest."""
     save_checkpoint(tmp_path, 1, {"w": {"x": torch.ones(3)}}, {"step": 1})
     script = textwrap.dedent(f"""
-        import os, torch, flowrl.checkpoint as ck
+        import os, torch, flowrl.checkpoint.store as ck
         def die(*a, **k):
             os._exit(9)
         ck.torch.save = die

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pytest
 
-from flowrl.configlib import ConfigError, Plugin, dump_yaml, from_dict, load_yaml, parse_yaml, plugin_field
+from flowrl.config.loader import ConfigError, Plugin, dump_yaml, from_dict, load_yaml, parse_yaml, plugin_field
 from flowrl.registry import Registry
 
 

@@ -1,5 +1,5 @@
 """scripts/evaluate.py in process, with trainer-format checkpoints (flowrl.checkpoint groups "train" / "old" /
-"ema", as flowrl.resume.save_run writes them).
+"ema", as flowrl.checkpoint.resume.save_run writes them).
 
 Fast tests use the analytic policy (closed-form images, a one-parameter "train" weight set), so the scores
 prove which weights each column sampled; the slow test runs the real tiny toy policy."""
@@ -88,7 +88,7 @@ def toy():
 
 
 def _trainer_checkpoint(run_dir: Path, step: int, policy, scale: float) -> None:
-    """What flowrl.resume.save_run writes: train/old adapter state dicts + indexed EMA shadow."""
+    """What flowrl.checkpoint.resume.save_run writes: train/old adapter state dicts + indexed EMA shadow."""
     gen = torch.Generator().manual_seed(step)
     train = {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in policy.adapter_state_dict("train").items()}
     ema = {f"{i:05d}": train[k].clone() for i, k in enumerate(train)}

@@ -1,4 +1,4 @@
-"""flowrl.logging: jsonl records, TensorBoard events, rank-0 only, name and value checks, resume trimming."""
+"""flowrl.training.metrics_log: jsonl records, TensorBoard events, rank-0 only, name and value checks, resume trimming."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from flowrl.logging import MetricsLogger, read_metrics, summarize
+from flowrl.training.metrics_log import MetricsLogger, read_metrics, summarize
 
 
 def test_jsonl_records_and_tensorboard(tmp_path):

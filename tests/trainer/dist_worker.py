@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import toy_overrides
 
 from flowrl.config import load_config
-from flowrl.trainer import Trainer
+from flowrl.training.trainer import Trainer
 
 torch.set_num_threads(1)
 out_dir, name = sys.argv[1], sys.argv[2]

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import toy_overrides
 
 from flowrl.config import load_config
-from flowrl.trainer import Trainer
+from flowrl.training.trainer import Trainer
 
 
 def check_trained(t: Trainer, out: dict, run_dir: Path, start: dict) -> list[dict]:

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import toy_overrides
 
 from flowrl.config import load_config, load_resolved
-from flowrl.trainer import Trainer
+from flowrl.training.trainer import Trainer
 
 
 def final_state(trainer):

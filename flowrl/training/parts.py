@@ -3,7 +3,7 @@
 ``build_parts(cfg, dist)`` returns a ``Parts``: the policy (POLICIES), the reward set (REWARDS, via
 ``rewards.RewardSet``), the objective (OBJECTIVES), the rollout kernel and window (KERNELS, WINDOWS), the balancer
 (BALANCERS), the optimizer and eval EMA, the prompt datasets, and small verbs the loop calls (``sample``,
-``train_batches``, ``loss``, ``evaluate``). The loop itself (``flowrl.trainer``) never names a model, reward,
+``train_batches``, ``loss``, ``evaluate``). The loop itself (``flowrl.training.trainer``) never names a model, reward,
 sampler or objective.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from flowrl.config import RunConfig
-from flowrl.configlib import resolve_registry
+from flowrl.config.loader import resolve_registry
 from flowrl.types import Cond, RolloutResult, Trajectory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,7 +81,7 @@ class Parts:
     train_prompts: Any
     eval_prompts: Any
     balancer_state: dict = field(default_factory=dict)
-    eval_rewards: dict | None = None     # built on first evaluation (flowrl.loop_io.eval_rewards)
+    eval_rewards: dict | None = None     # built on first evaluation (flowrl.training.evaluation.eval_rewards)
 
     # ---------------------------------------------------------------------------------------- rollout
     @property
@@ -201,7 +201,7 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
     from flowrl.balancers import get_balancer
     from flowrl.objectives import get_objective
     from flowrl.policies.ema import EMA
-    from flowrl.prompts import load_prompts
+    from flowrl.data.prompts import load_prompts
     from rewards import RewardSet
     from samplers import KERNELS
 

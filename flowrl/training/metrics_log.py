@@ -31,7 +31,7 @@ def _scalar(name: str, value: Any) -> float | int | None:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"metric {name!r}: tensor of shape {tuple(value.shape)} is not a scalar; "
-                             "log its mean (or use flowrl.logging.summarize)")
+                             "log its mean (or use flowrl.training.metrics_log.summarize)")
         value = value.item()
     if isinstance(value, bool):
         return int(value)

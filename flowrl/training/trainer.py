@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from flowrl import dist as _dist
-from flowrl import loop_io as io
-from flowrl.advantages import zero_std_ratio
+from flowrl.distributed import processes as _dist
+from flowrl.training import evaluation as io
+from flowrl.balancers.advantages import zero_std_ratio
 from flowrl.config import RunConfig, check_geometry, save_resolved
 from flowrl.types import RewardInput
-from flowrl.update import UpdateStats, optimizer_updates
+from flowrl.training.update import UpdateStats, optimizer_updates
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Trainer:
     """Builds every part from a ``RunConfig`` and runs the loop; ``run()`` returns the final summary."""
 
     def __init__(self, cfg: RunConfig, accelerator=None, policy=None):
-        from flowrl.build import build_parts
+        from flowrl.training.parts import build_parts
 
         self.cfg = cfg
         if accelerator is None:
@@ -231,12 +231,12 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self) -> None:
-        from flowrl.resume import save_run
+        from flowrl.checkpoint.resume import save_run
 
         save_run(self)
 
     def resume(self) -> None:
-        from flowrl.resume import load_run
+        from flowrl.checkpoint.resume import load_run
 
         load_run(self)
 

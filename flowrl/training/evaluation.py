@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from flowrl.configlib import to_dict
+from flowrl.config.loader import to_dict
 
 
 def make_logger(trainer, resume_step: int | None):
-    from flowrl.logging import MetricsLogger
+    from flowrl.training.metrics_log import MetricsLogger
 
     cfg = trainer.cfg
     return MetricsLogger(cfg.run_dir, is_main_process=trainer.dist.is_main, tensorboard=cfg.log.tensorboard,

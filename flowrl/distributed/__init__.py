@@ -1,0 +1,8 @@
+"""Processes and devices: the one package that knows about ranks, collectives, mixed precision and sharding.
+
+``processes.Dist`` wraps accelerate (or a plain single process) for the RL loop: each process's slice of the
+samples, gathers, gradient averaging, barriers.
+"""
+from flowrl.distributed.processes import Dist, make_accelerator
+
+__all__ = ["Dist", "make_accelerator"]
