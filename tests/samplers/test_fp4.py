@@ -189,6 +189,18 @@ def test_fp4_linear_is_a_linear_of_fake_quantized_operands(spec):
     assert not torch.equal(w, lin.weight) and layer.weight.requires_grad is False
 
 
+def test_fp4_linear_in_bfloat16_without_bias():
+    lin = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    layer = FP4Linear(lin, FP4Spec("nvfp4"))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = fake_quantize(lin.weight.detach(), "nvfp4", global_scale="tensor")
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and layer.bias is None
+    assert torch.equal(y, F.linear(fake_quantize(x, "nvfp4"), w))
+    with pytest.raises(ValueError, match="bias"):
+        layer.refresh(nn.Linear(64, 32).to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.fmt}-{s.weight_scale}-{s.act_scale}-{s.mx_scaling}")
 def test_fp4_linear_sample_output_does_not_depend_on_its_batch(spec):
     torch.manual_seed(1)
@@ -211,7 +223,7 @@ class Blocks(nn.Module):
         super().__init__()
         self.to_q = nn.Linear(64, 128)
         self.to_k = nn.Linear(64, 64)                           # max(in, out) = 64: tiny under min_dim 64
-        self.ff = nn.Linear(48, 128)                            # 48: a multiple of 16, not of 32
+        self.ff = nn.Linear(48, 128, bias=False)                # 48: a multiple of 16, not of 32
         self.small = nn.Linear(32, 32)
         self.proj_out = nn.Linear(64, 128)                      # a block's proj_out is not the final one
         self.lora_A = nn.Linear(64, 128)
