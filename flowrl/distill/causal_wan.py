@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from flowrl.distill.kv_cache import (
@@ -64,9 +65,9 @@ class RotaryWithState(tuple):
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Wan's interleaved RoPE on (B, L, H, D): pairs (x₁, x₂) ↦ (x₁cos − x₂sin, x₁sin + x₂cos)."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    x1, x2 = rearrange(x, "... (d pair) -> pair ... d", pair=2)
     cos, sin = cos[..., 0::2], sin[..., 1::2]
-    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    out = rearrange(torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos]), "pair ... d -> ... (d pair)")
     return out.type_as(x)
 
 
@@ -78,9 +79,12 @@ class CausalSelfAttention:
 
     def __call__(self, attn, hidden_states: Tensor, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None) -> Tensor:
-        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
-        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
-        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        def heads(t: Tensor) -> Tensor:
+            return rearrange(t, "b l (h d) -> b l h d", h=attn.heads)
+
+        q = heads(attn.norm_q(attn.to_q(hidden_states)))
+        k = heads(attn.norm_k(attn.to_k(hidden_states)))
+        v = heads(attn.to_v(hidden_states))
         if rotary_emb is not None:
             q, k = apply_rotary(q, *rotary_emb), apply_rotary(k, *rotary_emb)
         st, mask = getattr(rotary_emb, "attn_state", self.state), None
@@ -93,7 +97,7 @@ class CausalSelfAttention:
             mask = st.mask.to(q.device)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask)
-        out = out.transpose(1, 2).flatten(2, 3).type_as(q)
+        out = rearrange(out, "b h l d -> b l (h d)").type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -106,14 +110,14 @@ def rope_with_positions(rope: nn.Module, shape: tuple[int, ...], positions: Tens
         raise ValueError(f"latent frame position {int(positions.max())} exceeds the RoPE table "
                          f"(rope_max_seq_len={rope.max_seq_len}); use a rolling window or a shorter stream")
     sizes = [rope.t_dim, rope.h_dim, rope.w_dim]
+    n = positions.numel()
     out = []
     for table in (rope.freqs_cos, rope.freqs_sin):
         ft, fh, fw = table.split(sizes, dim=1)
-        n = positions.numel()
-        parts = [ft[positions.to(ft.device)].view(n, 1, 1, -1).expand(n, hp, wp, -1),
-                 fh[:hp].view(1, hp, 1, -1).expand(n, hp, wp, -1),
-                 fw[:wp].view(1, 1, wp, -1).expand(n, hp, wp, -1)]
-        out.append(torch.cat(parts, dim=-1).reshape(1, n * hp * wp, 1, -1))
+        parts = [repeat(ft[positions.to(ft.device)], "f d -> f h w d", h=hp, w=wp),
+                 repeat(fh[:hp], "h d -> f h w d", f=n, w=wp),
+                 repeat(fw[:wp], "w d -> f h w d", f=n, h=hp)]
+        out.append(rearrange(torch.cat(parts, dim=-1), "f h w d -> 1 (f h w) 1 d"))   # frame-major tokens
     return out[0], out[1]
 
 
