@@ -1,4 +1,5 @@
-"""``index.html``: a static gallery linking the grid files with their captions and a score table.
+"""``index.html``: a static gallery linking the grid files with their captions, a score table, and the drift
+alarms of the evaluation (one red line each) when it was compared with a base.
 
 No JavaScript, no external assets; every string is HTML-escaped. Links are relative, so an eval directory
 can be copied or served as is (``python -m http.server -d runs/<name>/eval``).
@@ -15,7 +16,9 @@ __all__ = ["GalleryEntry", "render_gallery", "write_gallery"]
 
 _STYLE = ("body{font-family:sans-serif;margin:1.5em}img,video{max-width:100%;border:1px solid #ccc}"
           "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
-          "text-align:right}th{background:#f3f3f3}figcaption{font-size:90%;color:#333}figure{margin:1em 0}")
+          "text-align:right}th{background:#f3f3f3}figcaption{font-size:90%;color:#333}figure{margin:1em 0}"
+          ".alarm{background:#fde8e8;border:2px solid #c00;color:#900;padding:4px 8px;font-weight:bold}"
+          ".no-alarm{color:#060}")
 
 
 @dataclass
@@ -53,11 +56,23 @@ def _fmt(v) -> str:
     return "–" if v is None or math.isnan(v) else f"{v:.4g}"
 
 
+def _alarm_lines(alarms: Sequence[str] | None) -> list[str]:
+    """One red line per drift alarm; a green "none" line when compared and in band; nothing without a base."""
+    if alarms is None:
+        return []
+    if not alarms:
+        return ["<p class='no-alarm'>Drift alarms: none (every hacking statistic within its band)</p>"]
+    return [f"<p class='alarm'>&#9888; DRIFT ALARM: {html.escape(a)}</p>" for a in alarms]
+
+
 def render_gallery(title: str, entries: Sequence[GalleryEntry],
-                   summary: Mapping[str, Mapping[str, float]] | None = None, notes: Sequence[str] = ()) -> str:
-    """The gallery page as a string."""
+                   summary: Mapping[str, Mapping[str, float]] | None = None, notes: Sequence[str] = (),
+                   alarms: Sequence[str] | None = None) -> str:
+    """The gallery page as a string; ``alarms``: drift-alarm lines shown under the title (None: no base
+    reference, no alarm section; empty: compared, none fired)."""
     parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
               f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>")]
+    parts += _alarm_lines(alarms)
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
     parts.append(_score_table(summary or {}))
     for e in entries:
@@ -70,8 +85,9 @@ def render_gallery(title: str, entries: Sequence[GalleryEntry],
 
 
 def write_gallery(out_dir: str | Path, title: str, entries: Sequence[GalleryEntry],
-                  summary: Mapping[str, Mapping[str, float]] | None = None, notes: Sequence[str] = ()) -> Path:
+                  summary: Mapping[str, Mapping[str, float]] | None = None, notes: Sequence[str] = (),
+                  alarms: Sequence[str] | None = None) -> Path:
     """Write ``out_dir/index.html``; entry files must be relative to ``out_dir``."""
     path = Path(out_dir) / "index.html"
-    path.write_text(render_gallery(title, entries, summary, notes))
+    path.write_text(render_gallery(title, entries, summary, notes, alarms))
     return path

@@ -12,9 +12,14 @@ Output layout of ``out_dir``::
 
     grid_000.png | grid_000.mp4 | grid_000.gif   rows = prompts (``rows_per_page`` per page),
                                                  columns = seeds × policies (seed-major: base|trained per seed)
-    metrics.jsonl                                one {"kind": "sample", ...} per image, then {"kind": "summary"}
+    metrics.jsonl                                one {"kind": "sample", ...} per image, one {"kind": "prompt", ...}
+                                                 (seed diversity) per prompt, then {"kind": "summary"}
     index.html                                   the gallery
     samples/<policy>/p0000_s0.png                each image / video alone (``save_samples=True``)
+
+Besides the rewards, every image gets the hacking detectors' statistics (``flowrl.eval.detectors``, scores
+``detect/<statistic>``), every policy its seed diversity (``flowrl.eval.diversity``), and, against a base
+summary, drift alarms (``flowrl.eval.drift``).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import contextlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +35,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.eval.drift import DriftBand
 from flowrl.eval.gallery import GalleryEntry, write_gallery
 from flowrl.eval.grid import make_grid, to_uint8
 from flowrl.eval.media import VIDEO_FORMATS, save_png, save_video
+from flowrl.eval.monitors import (
+    COUNT_KEYS,
+    DiversitySamples,
+    detector_kind,
+    detector_scores,
+    evaluation_alarms,
+)
 from flowrl.eval.sample import EVAL_ITERATION, ode_sample
 from flowrl.types import Cond
 
@@ -46,11 +59,14 @@ class EvalResult:
     """Everything one evaluation produced, in memory.
 
     tiles:  {policy label: uint8 (P, S, [F,] h, w, 3)} (downscaled to ``max_tile``).
-    scores: {policy label: {score name: (P, S) float32}} (NaN = reward does not apply).
+    scores: {policy label: {score name: (P, S) float32}} (NaN = reward does not apply); the image
+            statistics are the scores ``detect/<statistic>``.
+    diversity: {policy label: {prompt index: seed diversity D_p}} (empty with fewer than two seeds).
     """
 
     tiles: dict[str, np.ndarray]
     scores: dict[str, dict[str, Tensor]]
+    diversity: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def _unpack(spec: PolicySpec):
@@ -104,8 +120,12 @@ def _shrink(pixels: Tensor, max_tile: int | None) -> Tensor:
 def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[dict], seeds: Sequence[int],
              rewards, *, steps: int, guidance: float | None, height: int, width: int, num_frames: int | None,
              batch_size: int, max_tile: int | None, on_sample: Callable | None = None,
-             negative_prompt: str | None = None) -> tuple[np.ndarray, dict[str, Tensor]]:
-    """Sample every (prompt, seed) of one policy; returns uint8 tiles (P, S, ...) and scores {name: (P, S)}."""
+             negative_prompt: str | None = None, detectors: str | None = None
+             ) -> tuple[np.ndarray, dict[str, Tensor]]:
+    """Sample every (prompt, seed) of one policy; returns uint8 tiles (P, S, ...) and scores {name: (P, S)}.
+
+    detectors: None, "images" or "shapes": add the image statistics as scores ``detect/<statistic>``
+    (``flowrl.eval.monitors.detector_scores``)."""
     policy, adapter_ctx = _unpack(policy_spec)
     P, S = len(prompts), len(seeds)
     pairs = [(p, j) for p in range(P) for j in range(S)]
@@ -122,6 +142,8 @@ def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[di
             pixels = policy.decode(ode_sample(policy, x1, cond, steps, w)).float()
             scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
                             torch.tensor([p for p, _ in chunk]))
+            if detectors is not None:
+                scores.update(detector_scores(pixels, detectors == "shapes", skip=scores))
             for k, v in scores.items():
                 score_rows.setdefault(k, []).append(v.float().cpu())
             tiles.extend(to_uint8(_shrink(pixels, max_tile)))
@@ -145,17 +167,26 @@ def eval_metric_names(labels: Sequence[str], score_names: Sequence[str]) -> dict
     return {(lab, n): (f"eval/{n}" if single else f"eval/{lab}/{n}") for lab in labels for n in score_names}
 
 
-def _summary(scores: dict[str, dict[str, Tensor]]) -> dict[str, float]:
+def _mean_std(v: Tensor) -> tuple[float, float]:
+    ok = v.flatten()[~torch.isnan(v.flatten())]
+    return (ok.mean().item(), ok.std(unbiased=False).item()) if ok.numel() else (math.nan, math.nan)
+
+
+def _summary(result: EvalResult, num_prompts: int, num_seeds: int) -> dict[str, float]:
+    """``eval/[<label>/]<score>/{mean,std}`` over prompts × seeds, ``…/diversity/{mean,std}`` over prompts, and
+    the evaluation's size ``eval/num_prompts``, ``eval/num_seeds`` (for standard errors)."""
+    scores = result.scores
     labels = list(scores)
     names = sorted({n for s in scores.values() for n in s})
     out = {}
     for (lab, n), prefix in eval_metric_names(labels, names).items():
-        v = scores[lab].get(n)
-        if v is None:
-            continue
-        ok = v.flatten()[~torch.isnan(v.flatten())]
-        out[f"{prefix}/mean"] = ok.mean().item() if ok.numel() else math.nan
-        out[f"{prefix}/std"] = ok.std(unbiased=False).item() if ok.numel() else math.nan
+        if n in scores[lab]:
+            out[f"{prefix}/mean"], out[f"{prefix}/std"] = _mean_std(scores[lab][n])
+    for (lab, _), prefix in eval_metric_names(labels, ["diversity"]).items():
+        per_prompt = result.diversity.get(lab)
+        if per_prompt:
+            out[f"{prefix}/mean"], out[f"{prefix}/std"] = _mean_std(torch.tensor(list(per_prompt.values())))
+    out.update(dict(zip(COUNT_KEYS, (float(num_prompts), float(num_seeds)))))
     return out
 
 
@@ -195,6 +226,9 @@ def _write_jsonl(path: Path, result: EvalResult, prompts, seeds, summary: dict, 
                     vals = {n: _finite(v[p, j].item()) for n, v in scores.items()}
                     f.write(json.dumps({"kind": "sample", "step": step, "policy": lab, "prompt_idx": p,
                                         "prompt": prompts[p], "seed": int(seed), "scores": vals}) + "\n")
+            for p, value in sorted(result.diversity.get(lab, {}).items()):
+                f.write(json.dumps({"kind": "prompt", "step": step, "policy": lab, "prompt_idx": p,
+                                    "prompt": prompts[p], "diversity": _finite(value)}) + "\n")
         f.write(json.dumps({"kind": "summary", "step": step,
                             "metrics": {k: _finite(v) for k, v in summary.items()}}) + "\n")
 
@@ -221,7 +255,9 @@ def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: 
              height: int = 512, width: int = 512, num_frames: int | None = None, batch_size: int = 8,
              rows_per_page: int = 8, max_tile: int | None = 512, video_format: str = "mp4", fps: int = 8,
              step: int | None = None, title: str | None = None, save_samples: bool = False,
-             negative_prompt: str | None = None) -> dict[str, float]:
+             negative_prompt: str | None = None, detectors: str | None = "auto",
+             base_stats: Mapping[str, float] | None = None,
+             bands: Mapping[str, DriftBand] | None = None) -> dict[str, float]:
     """Evaluate each policy on prompts × seeds and write grids, metrics.jsonl and index.html into ``out_dir``.
 
     policies: label → Policy, label → (Policy, adapter name) e.g. {"base": (p, None), "trained": (p, "train")},
@@ -229,32 +265,64 @@ def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: 
     negative_prompt: CFG negative prompt when guidance > 1 (None: the policy's default, usually "").
     rewards:  a ``rewards.RewardSet``, a mapping name → reward callable, or None (grids without scores).
     guidance: CFG / distilled guidance scale; None → each policy's ``default_guidance``.
+    detectors: image statistics scored as ``detect/<statistic>`` (``flowrl.eval.detectors``): "images" (the
+              generic ones), "shapes" (plus the shapes world's), None (none), "auto" ("shapes" when every
+              prompt carries shapes-world metadata and the policy makes images, else "images").
+    base_stats: the one-policy summary of a base evaluation (e.g. the trainer's "before"): every policy's
+              hacking statistics are checked against their bands around it (``flowrl.eval.drift``). When None
+              and a policy labelled "base" is evaluated beside others, the "base" column is the reference.
+    bands:    {statistic: DriftBand} (default ``flowrl.eval.drift.DEFAULT_BANDS``).
     Returns the summary metrics to log: ``eval/<score>/{mean,std}`` (one policy) or
-    ``eval/<label>/<score>/{mean,std}`` (several).
+    ``eval/<label>/<score>/{mean,std}`` (several), where the scores include ``detect/<statistic>``; with two or
+    more seeds ``eval/[<label>/]diversity/{mean,std}``; ``eval/num_prompts``, ``eval/num_seeds``; and with a
+    reference ``eval/[<label>/]alarm/<statistic>`` (1.0 = out of band), also shown on the gallery page.
     """
     _check_args(policies, prompts, metas, seeds, video_format, batch_size)
     metas = list(metas) if metas is not None else [{} for _ in prompts]
+    kind = detector_kind(detectors, metas, num_frames)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tiles, scores = {}, {}
+    result = EvalResult({}, {})
     for label, spec in policies.items():
         writer = _sample_writer(out, label, video_format, fps) if save_samples else None
-        tiles[label], scores[label] = generate(
+        collect = DiversitySamples() if len(seeds) > 1 else None
+        result.tiles[label], result.scores[label] = generate(
             spec, prompts, metas, seeds, rewards, steps=steps, guidance=guidance, height=height, width=width,
-            num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=writer,
-            negative_prompt=negative_prompt)
-    result = EvalResult(tiles, scores)
-    summary = _summary(scores)
+            num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=_chain(writer, collect),
+            negative_prompt=negative_prompt, detectors=kind)
+        result.diversity[label] = collect.per_prompt() if collect is not None else {}
+    summary = _summary(result, len(prompts), len(seeds))
+    alarms, alarm_lines = evaluation_alarms(summary, list(policies), base_stats, bands)
+    summary.update(alarms)
     entries = write_grids(result, prompts, seeds, out, rows_per_page=rows_per_page, video_format=video_format,
                           fps=fps)
     _write_jsonl(out / "metrics.jsonl", result, prompts, seeds, summary, step)
-    table = {lab: {n: _nanmean(v) for n, v in s.items()} for lab, s in scores.items()}
     heading = title or ("evaluation" + (f" at step {step}" if step is not None else ""))
     notes = [f"{len(prompts)} prompts × seeds {list(seeds)}; {steps} ODE steps, guidance "
              f"{'policy default' if guidance is None else guidance}, {height}×{width}"
              + (f"×{num_frames} frames" if num_frames else "")]
-    write_gallery(out, heading, entries, table, notes)
+    write_gallery(out, heading, entries, _table(result), notes, alarms=alarm_lines)
     return summary
+
+
+def _table(result: EvalResult) -> dict[str, dict[str, float]]:
+    """Gallery table: policy → {score or "diversity": mean}."""
+    table = {lab: {n: _nanmean(v) for n, v in s.items()} for lab, s in result.scores.items()}
+    for lab, per_prompt in result.diversity.items():
+        if per_prompt:
+            table[lab]["diversity"] = sum(per_prompt.values()) / len(per_prompt)
+    return table
+
+
+def _chain(*callbacks):
+    live = [c for c in callbacks if c is not None]
+    if not live:
+        return None
+
+    def call(*args) -> None:
+        for c in live:
+            c(*args)
+    return call
 
 
 def _nanmean(v: Tensor) -> float:

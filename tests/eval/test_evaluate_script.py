@@ -110,6 +110,12 @@ def test_toy_checkpoints_side_by_side(tmp_path, toy):
     assert {p.name for p in out.iterdir()} == {"grid_000.png", "index.html", "metrics.jsonl", "command.json"}
     assert set(summary) >= {"eval/base/shapes/mean", "eval/step_3/shapes/mean", "eval/step_9/shapes/mean",
                             "eval/base/palette_distance/mean"}  # the shapes prompt set's own image metric
+    # checkpoint columns are checked against the base column; step_3 equals the base model, so no alarm
+    step3 = {k: v for k, v in summary.items() if k.startswith("eval/step_3/alarm/")}
+    assert set(step3) == {f"eval/step_3/alarm/{n}" for n in ("dark_frac", "bright_frac", "edge_density",
+                                                             "color_entropy", "palette_distance", "stray_frac",
+                                                             "diversity")}
+    assert set(step3.values()) == {0.0} and not any(k.startswith("eval/base/alarm/") for k in summary)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["policy"] for r in recs if r["kind"] == "sample"} == {"base", "step_3", "step_9"}
     assert all(torch.equal(before[k], v) for k, v in toy.adapter_state_dict("train").items())
@@ -162,6 +168,8 @@ def test_tiny_presets_smoke(tmp_path, family, grid, rewards):
     summary = ev.main(["--policy", family, "--tiny", "--prompts", str(tmp_path / "p.txt"), "--seeds", "0,1",
                        "--rewards", rewards, "--steps", "2", "--out", str(out)])
     assert {p.name for p in out.iterdir()} == {grid, "index.html", "metrics.jsonl", "command.json"}
-    assert (rewards == "none") == (summary == {})
+    monitors = {k for k in summary if k.startswith(("eval/detect/", "eval/diversity/", "eval/num_"))}
+    assert (rewards == "none") == (set(summary) == monitors)  # "none": no reward scores, only the monitors
+    assert "eval/detect/edge_density/mean" in summary and "eval/diversity/mean" in summary  # video: frame means
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in recs if r["kind"] == "sample"]) == 4
