@@ -15,6 +15,7 @@ KERNELS = Registry("sampler kernel", {
     "flow_sde": "samplers.flow_sde:KERNEL",
     "dance_sde": "samplers.dance_sde:KERNEL",
     "cps": "samplers.cps:KERNEL",
+    "dpmpp_2m": "samplers.dpm_solver:KERNEL",
 })
 
 WINDOWS = Registry("step window", {

@@ -9,13 +9,23 @@ One step s → t, h = λ_t − λ_s, with the previous data prediction m1 at λ_
 ("midpoint" form, as MixGRPO-Flash / diffusers DPMSolverMultistepScheduler). A step into σ_t = 0 is first
 order (x_t = m0, diffusers' ``lower_order_final``); so is the first step (no history) and any step from σ_s = 1
 (λ_s = −∞).
+
+As a registered deterministic kernel (``KERNELS["dpmpp_2m"]``, a ``samplers.multistep.MultistepKernel``) the rollout
+engine runs every ODE step through it when ``ode_kernel="dpmpp_2m"``: the engine carries ``history = (x̂0, σ)`` of
+the previous step along each node's path and resets it after a stochastic step. Tested against diffusers'
+``DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)``.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from flowrl.types import StepOut
+from samplers.kernel import as_f32, check_pair
+from samplers.multistep import MultistepKernel, data_prediction, uniform_sigma
 
 
 def _lam(sigma: float) -> float:
@@ -61,3 +71,36 @@ def tail_sigmas(sigmas: Tensor, start: int, compress: float) -> Tensor:
     out = s64[lo] * (1 - frac) + s64[lo + 1] * frac
     out[0], out[-1] = s64[start], s64[-1]
     return out.to(torch.float32)
+
+
+@dataclass
+class Config:
+    order: int = 2     # 2: DPM-Solver++(2M) (MixGRPO-Flash, diffusers solver_order=2); 1: DPM-Solver++(1) = DDIM
+
+    def __post_init__(self):
+        if self.order not in (1, 2):
+            raise ValueError(f"dpmpp_2m order must be 1 or 2, got {self.order}")
+
+
+def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, noise: Tensor | None = None,
+         *, x_next: Tensor | None = None, cfg: Config | None = None,
+         history: tuple[Tensor, float] | None = None) -> StepOut:
+    """One DPM-Solver++ step σ → σ' with m0 = x − σ·v and, for second order, ``history = (x̂0_prev, σ_prev)``
+    (module docstring); deterministic (``noise`` ignored, std = 0). Every row must share σ and σ'."""
+    cfg = cfg or Config()
+    x, v = as_f32(x, v)
+    check_pair(x, v, x_next, "x_next")
+    s, sn = uniform_sigma(sigma, x), uniform_sigma(sigma_next, x, "sigma_next")
+    m0 = data_prediction(x, v, s)
+    mean = dpmpp_2m_step(x, m0, s, sn, history if cfg.order == 2 else None)
+    std = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+    return StepOut(mean if x_next is None else x_next.float(), mean, std)
+
+
+def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean", cfg: Config | None = None) -> Tensor:
+    """A deterministic solver step has no log-density."""
+    raise ValueError("the 'dpmpp_2m' kernel is a deterministic ODE solver and has no log-prob; use flow_sde, "
+                     "dance_sde or cps for the steps you train on")
+
+
+KERNEL = MultistepKernel("dpmpp_2m", Config, step, log_prob, stochastic=False, history=1)
