@@ -113,3 +113,39 @@ def test_time_budget_skips_parts_not_yet_started():
 def test_unknown_family_is_a_clear_error():
     with pytest.raises(SystemExit, match="unknown"):
         _bench().main(["--families", "sdxl"])
+
+
+@pytest.mark.parametrize("family", sorted(PUBLISHED))
+def test_full_scale_text_encoders_fit_the_full_transformer(family):
+    """The bench's tiny text encoders have the widths the full-size transformer reads: encode on CPU with the
+    stock pipeline, then one forward of the full transformer on the meta device at the bench's resolution."""
+    import diffusers
+
+    from flowrl.policies import POLICIES
+    from flowrl.policies.flux import latent_image_ids, pack_latents
+
+    bench, cls = _bench(), POLICIES.get(family)
+    transformer = bench.build_transformer(bench.load_config(family), "meta", torch.float32)
+    pipe = getattr(diffusers, cls.pipeline_class)(**bench.components(family, transformer, torch.float32, "cpu"))
+    h, w, frames, b = bench.GEOMETRY["full"][family]
+    seq = cls.config_class().max_sequence_length
+    extra = {"sd3": {"prompt_2": None, "prompt_3": None, "do_classifier_free_guidance": False},
+             "flux": {"prompt_2": None}, "wan": {"do_classifier_free_guidance": False}}[family]
+    out = pipe.encode_prompt(prompt=bench.PROMPTS[:b], device="cpu", max_sequence_length=seq, **extra)
+    t = torch.full((b,), 500.0, device="meta")
+    if family == "wan":
+        x = torch.empty(b, 16, (frames - 1) // 4 + 1, h // 8, w // 8, device="meta")
+        v = transformer(hidden_states=x, timestep=t, encoder_hidden_states=out[0].to("meta"), return_dict=False)[0]
+    elif family == "sd3":
+        x = torch.empty(b, 16, h // 8, w // 8, device="meta")
+        v = transformer(hidden_states=x, timestep=t, encoder_hidden_states=out[0].to("meta"),
+                        pooled_projections=out[2].to("meta"), return_dict=False)[0]
+        assert out[0].shape[1:] == (77 + seq, 4096) and out[2].shape[1:] == (2048,)
+    else:
+        x = pack_latents(torch.empty(b, 16, h // 8, w // 8, device="meta"))
+        v = transformer(hidden_states=x, timestep=t / 1000, guidance=torch.full((b,), 3.5, device="meta"),
+                        pooled_projections=out[1].to("meta"), encoder_hidden_states=out[0].to("meta"),
+                        txt_ids=torch.zeros(seq, 3, device="meta"), img_ids=latent_image_ids(h // 8, w // 8, "meta"),
+                        return_dict=False)[0]
+        assert out[1].shape[1:] == (768,)
+    assert v.shape == x.shape and out[0].shape[-1] == 4096

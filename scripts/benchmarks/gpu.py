@@ -133,9 +133,10 @@ def _vae(family: str):
                          scaling_factor=scale, shift_factor=shift)
 
 
-def components(family: str, transformer, dtype: torch.dtype) -> dict:
+def components(family: str, transformer, dtype: torch.dtype, device=None) -> dict:
     """Pipeline components around ``transformer``: tiny random text encoders with the widths it reads, a tiny
-    VAE with the real latent factors (×8 space, Wan ×4 time), the family's flow-match scheduler."""
+    VAE with the real latent factors (×8 space, Wan ×4 time), the family's flow-match scheduler; text encoders and
+    VAE on ``device`` (default: the transformer's)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from flowrl.policies.tiny import clip_tokenizer, t5_tokenizer
@@ -156,7 +157,7 @@ def components(family: str, transformer, dtype: torch.dtype) -> dict:
     else:                 # Wan2.1 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
         text = {"text_encoder": _t5(c.text_dim, umt5=True), "tokenizer": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    device = transformer.device
+    device = transformer.device if device is None else device
     for k, m in text.items():
         if isinstance(m, torch.nn.Module):
             text[k] = m.to(device, dtype).eval().requires_grad_(False)
