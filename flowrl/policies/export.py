@@ -40,10 +40,10 @@ def merged_transformer(policy, adapter: str = TRAIN) -> nn.Module:
     """
     _check_adapter(adapter)
     weights = policy.weights
-    if not weights.is_lora:
-        source = weights.transformer if adapter == TRAIN else weights._copies[adapter]
-        return copy.deepcopy(source).eval().requires_grad_(False)
     twin = copy.deepcopy(weights.transformer)
+    if not weights.is_lora:          # full fine-tune: the weight set's state is every parameter (buffers are shared)
+        twin.load_state_dict(weights.state_dict(adapter), strict=False)
+        return twin.eval().requires_grad_(False)
     twin.fuse_lora(adapter_names=[peft_name(adapter)])     # diffusers PeftAdapterMixin → peft LoraLayer.merge
     twin.unload_lora()                                     # drop the peft layers, keep the merged base weights
     return twin.eval().requires_grad_(False)

@@ -151,6 +151,9 @@ def test_full_fine_tune_exports_merged_only(tmp_path):
     loaded = _diffusers("SD3Transformer2DModel").from_pretrained(out)
     for k, v in policy.transformer.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
+    old = merged_transformer(policy, "old").state_dict()
+    assert all(torch.equal(old[k], v) for k, v in policy.adapter_state_dict("old").items())
+    assert not all(torch.equal(old[k], v) for k, v in policy.adapter_state_dict("train").items())
 
 
 def test_bad_format_and_adapter_names(exported, tmp_path):
