@@ -1,12 +1,16 @@
 """GPU readiness in one command: full-size SD3.5-Medium, FLUX.1-dev and Wan2.1-1.3B transformers with random weights.
 
-    python scripts/bench.py gpu                      # one JSON line; about 3-5 min on one H200 (target < 8 min)
+    python scripts/bench.py gpu                      # one JSON line; sized for < 8 min on one H200
     python scripts/bench.py gpu --families flux --steps 4
+
+Not yet run on a GPU (written and smoke-tested at ``--scale tiny`` on CPU); the sizes below are chosen to fit the
+8-minute target and ``--budget-s`` (default 420) skips, and names, every part not started by then.
 
 Without a CUDA device it prints ``{"bench": "gpu", "skipped": "no CUDA device"}`` and exits 0.
 
 What it builds: each transformer from its published ``config.json`` (copied into ``configs/gpu/*.json``; sources in
-``tests/test_gpu_bench.py``), instantiated on the GPU with random weights (no download) and cast to bf16. The text
+``tests/test_gpu_bench.py``), instantiated on the GPU with random weights (no download) and cast to bf16 (the class'
+``_keep_in_fp32_modules`` stay float32, as ``from_pretrained`` keeps them). The text
 encoders are *tiny random* models (one layer) with the real output widths (CLIP 768/1280 pooled, T5/UMT5 4096), the
 VAEs tiny ones with the real latent factors, tokenizers trained offline (``flowrl.policies.tiny``): only the
 transformer matters for throughput, and nothing is decoded (latents out). Random weights make the images noise;
@@ -21,6 +25,7 @@ What it measures per family (wall seconds with ``cuda.synchronize``, peak alloca
 * ``grpo_step``: one Flow-GRPO optimizer step (AdamW on the "train" LoRA): a ``flow_sde`` rollout storing one SDE
   step, then loss (+ KL forward to the base) / backward / step on that stored step;
 * ``nft_step``: one DiffusionNFT optimizer step on the ``flowrl_lora`` latents (old, train and base forwards);
+  both steps use the objectives' default Configs, the family's default LoRA, Wan with gradient checkpointing;
 
 and ``streaming``: the causal Wan2.1-1.3B student (``flowrl.distill.causal_wan``) generating 21 latent frames
 (81 video frames) at 480×832 chunk by chunk (3 frames) with its KV cache, 4 self-forcing steps: ``fps`` =
