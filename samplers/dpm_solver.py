@@ -1,19 +1,21 @@
 """DPM-Solver++(2M) for the flow ODE, and the compressed ODE tail of MixGRPO-Flash (reference A §4.2, C §2.1).
 
-Flow parametrisation: α = 1 − σ, λ = log(α/σ), data prediction x̂0 = x − σ·v (Lu et al. 2022, arXiv 2211.01095).
-One step s → t, h = λ_t − λ_s, with the previous data prediction m1 at λ_p, r = (λ_s − λ_p)/h:
+Flow parametrisation: α = 1 − σ, λ = log(α/σ), data prediction x̂0 = x − σ·v (Lu et al. 2022, arXiv
+2211.01095). One step s → t, h = λ_t − λ_s, with the previous data prediction m1 at λ_p, r = (λ_s − λ_p)/h:
 
     first order:   x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·m0
-    second order:  x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·D0 − ½·α_t·(e^{−h} − 1)·D1,  D0 = m0, D1 = (m0 − m1)/r
+    second order:  x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·D0 − ½·α_t·(e^{−h} − 1)·D1,
+                   D0 = m0, D1 = (m0 − m1)/r
 
 ("midpoint" form, as MixGRPO-Flash / diffusers DPMSolverMultistepScheduler). A step into σ_t = 0 is first
-order (x_t = m0, diffusers' ``lower_order_final``); so is the first step (no history) and any step from σ_s = 1
-(λ_s = −∞).
+order (x_t = m0, diffusers' ``lower_order_final``); so is the first step (no history) and any step from σ_s =
+1 (λ_s = −∞).
 
-As a registered deterministic kernel (``KERNELS["dpmpp_2m"]``, a ``samplers.multistep.MultistepKernel``) the rollout
-engine runs every ODE step through it when ``ode_kernel="dpmpp_2m"``: the engine carries ``history = (x̂0, σ)`` of
-the previous step along each node's path and resets it after a stochastic step. Tested against diffusers'
-``DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)``.
+As a registered deterministic kernel (``KERNELS["dpmpp_2m"]``, a ``samplers.multistep.MultistepKernel``) the
+rollout engine runs every ODE step through it when ``ode_kernel="dpmpp_2m"``: the engine carries
+``history = (x̂0, σ)`` of the previous step along each node's path and resets it after a stochastic step.
+Tested against
+diffusers' ``DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)``.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def tail_sigmas(sigmas: Tensor, start: int, compress: float) -> Tensor:
 
 @dataclass
 class Config:
-    order: int = 2     # 2: DPM-Solver++(2M) (MixGRPO-Flash, diffusers solver_order=2); 1: DPM-Solver++(1) = DDIM
+    order: int = 2     # 2: DPM-Solver++(2M) (MixGRPO-Flash, diffusers solver_order=2); 1: DPM-Solver++(1)
 
     def __post_init__(self):
         if self.order not in (1, 2):
@@ -97,7 +99,8 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
     return StepOut(mean if x_next is None else x_next.float(), mean, std)
 
 
-def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean", cfg: Config | None = None) -> Tensor:
+def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean",
+             cfg: Config | None = None) -> Tensor:
     """A deterministic solver step has no log-density."""
     raise ValueError("the 'dpmpp_2m' kernel is a deterministic ODE solver and has no log-prob; use flow_sde, "
                      "dance_sde or cps for the steps you train on")

@@ -5,10 +5,11 @@ A multistep kernel's ``step`` also takes the data prediction of the previous ste
     step(x, v, sigma, sigma_next, noise=None, *, x_next=None, cfg=None, history=None) -> StepOut
     history = (x̂0_prev (B, ...), σ_prev float)  or None (the step falls back to first order)
 
-with ``x̂0 = x − σ·v`` (flow data prediction, ``flowrl.types``). The rollout engine (``samplers.tree``) keeps one
-x̂0 per frontier row, hands it to the row's children along deterministic edges, and resets it (``history=None``)
-after a stochastic edge — the noise jump breaks the finite difference ``(x̂0 − x̂0_prev)/h`` the second-order
-term is built on — and at the start of a compressed ODE tail (MixGRPO-Flash starts its tail fresh).
+with ``x̂0 = x − σ·v`` (flow data prediction, ``flowrl.types``). The rollout engine (``samplers.tree``) keeps
+one x̂0 per frontier row, hands it to the row's children along deterministic edges, and resets it
+(``history=None``) after a stochastic edge — the noise jump breaks the finite difference
+``(x̂0 − x̂0_prev)/h`` the second-order term is built on — and at the start of a compressed ODE tail
+(MixGRPO-Flash starts its tail fresh).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def data_prediction(x: Tensor, v: Tensor, sigma: Tensor | float) -> Tensor:
 
 
 def uniform_sigma(sigma: Tensor | float, x: Tensor, what: str = "sigma") -> float:
-    """σ as one Python float; raises when the rows of a (B,) σ differ (a multistep step needs one σ per call)."""
+    """σ as one Python float; raises when the rows of a (B,) σ differ (one σ per multistep call)."""
     s = per_sample(sigma, x)
     first = float(s[0])
     if bool((s != first).any()):

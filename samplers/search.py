@@ -1,6 +1,6 @@
-"""Search without training: Diffusion Tree Sampling / Search (DTS / DTS*, Jain et al., arXiv 2506.20701; reference
-C §4.2, F §A.1) on the rollout tree's node store, and best-of-N at equal NFE — for any velocity function
-``v = velocity_fn(x, sigma)`` and reward function ``r = reward_fn(x0)`` (latents (B, ...) → (B,)).
+"""Search without training: Diffusion Tree Sampling / Search (DTS / DTS*, Jain et al., arXiv 2506.20701;
+reference C §4.2, F §A.1) on the rollout tree's node store, and best-of-N at equal NFE — for any velocity
+function ``v = velocity_fn(x, sigma)`` and reward function ``r = reward_fn(x0)`` (latents (B, ...) → (B,)).
 
 DTS targets π*(x0) ∝ p_θ(x0)·exp(λ·r(x0)), with the soft value V(x_t) = (1/λ)·log E_{p_θ}[exp(λ·V(x_{t−1}))].
 One simulation:
@@ -13,8 +13,8 @@ One simulation:
   backup   v̂(leaf) = r(x0); up the path v̂(n) = (1/λ)·log mean_c exp(λ·v̂(c)) over n's children
            (``samplers.tree_credit.log_mean_exp``; λ = ∞ → max, DTS*) and visits += 1.
 
-Progressive widening: a node may hold ⌈c·visits^α⌉ children (c = 1, α = 0.5 [derived; the paper's constants were
-not read]), at most ``max_children``; a deterministic step (the final ODE step) holds one.
+Progressive widening: a node may hold ⌈c·visits^α⌉ children (c = 1, α = 0.5 [derived; the paper's constants
+were not read]), at most ``max_children``; a deterministic step (the final ODE step) holds one.
 NFE: each node's velocity is evaluated once and cached, so expanding an already visited node is free; a
 simulation expanding at grid level ℓ costs N − ℓ − 1 evaluations (+1 if the node's velocity is not cached yet;
 the root's children cost N). The search stops before a simulation would exceed ``budget_nfe``.
@@ -187,7 +187,8 @@ def dts(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_fn: R
     cfg = cfg or DTSConfig()
     kern = resolve_kernel(kernel)
     if not kern.stochastic:
-        raise ValueError(f"DTS expands nodes with a stochastic kernel; got {kern.name!r} (use flow_sde, dance_sde, cps)")
+        raise ValueError(f"DTS expands nodes with a stochastic kernel; got {kern.name!r} (use flow_sde, "
+                         "dance_sde, cps)")
     grid = check_grid(sigmas)
     search = _Search(velocity_fn, noise_fn, grid, reward_fn, kern, kernel_cfg or kern.Config(), cfg, seed)
     for _ in range(100 * max(1, budget_nfe)):        # terminal re-selections spend no NFE; bound the loop
@@ -197,7 +198,8 @@ def dts(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_fn: R
         search.simulate(path)
     leaves = search.leaves()
     if not leaves:
-        raise ValueError(f"DTS: budget_nfe={budget_nfe} is below one rollout ({grid.numel() - 1} evaluations)")
+        raise ValueError(f"DTS: budget_nfe={budget_nfe} is below one rollout ({grid.numel() - 1} "
+                         "evaluations)")
     best = max(leaves, key=lambda i: search.value[i])
     pick = best
     if not (cfg.greedy or math.isinf(cfg.lam)):
@@ -205,7 +207,8 @@ def dts(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_fn: R
         while search.nodes.children[pick]:
             pick = search.choose(search.nodes.children[pick])
     lat = search.nodes.latents
-    return SearchResult(lat[pick].unsqueeze(0), search.value[pick], lat[best].unsqueeze(0), search.value[best],
+    return SearchResult(lat[pick].unsqueeze(0), search.value[pick], lat[best].unsqueeze(0),
+                        search.value[best],
                         search.nfe, search.samples, search.nodes, search.value)
 
 
@@ -218,11 +221,12 @@ def dts_star(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_
     return dts(velocity_fn, noise_fn, sigmas, reward_fn, budget_nfe, star, seed, kernel, kernel_cfg)
 
 
-def best_of_n(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_fn: RewardFn, budget_nfe: int,
+def best_of_n(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward_fn: RewardFn,
+              budget_nfe: int,
               seed: int = 0, batch_size: int = 16, plan=None, kernel: Kernel | str = "ode",
               kernel_cfg=None) -> SearchResult:
-    """Best of N = ⌊budget / steps⌋ independent samples (ODE by default; ``plan``/``kernel`` for SDE sampling),
-    drawn from the same root noises as ``dts(seed=seed)``, scored in batches; returns the best."""
+    """Best of N = ⌊budget / steps⌋ independent samples (ODE by default; ``plan``/``kernel`` for SDE
+    sampling), drawn from the same root noises as ``dts(seed=seed)``, scored in batches; returns the best."""
     grid = check_grid(sigmas)
     steps = grid.numel() - 1
     n = budget_nfe // steps

@@ -3,24 +3,24 @@ step; the flat rollout (``samplers.rollout.rollout``) is the tree that never spl
 
 Design
 ------
-State: the frontier (F rows: latent, node id, root index, generator, trunk flag, multistep history) and the node
-store (``samplers.tree_store``). The σ grid, the ``StepPlan`` (SDE steps, merged spans, compressed DPM tail) and
-the ``BranchPlan`` (splits) compile into *stages* ``(grid step i, σ_i → σ_{i+m}, SDE?, split factor k, tail?)``.
-Each stage:
+State: the frontier (F rows: latent, node id, root index, generator, trunk flag, multistep history) and the
+node store (``samplers.tree_store``). The σ grid, the ``StepPlan`` (SDE steps, merged spans, compressed DPM
+tail) and the ``BranchPlan`` (splits) compile into *stages* ``(grid step i, σ_i → σ_{i+m}, SDE?, split factor
+k, tail?)``. Each stage:
 
  1. ``v = velocity_fn(x, σ_i·1_F, roots)`` — one call on the whole frontier (chunks of ``max_batch`` if set);
     ``roots`` (F,) lets the caller pick each row's conditioning.
  2. children per row: ODE stage → 1 ODE child; SDE stage → 1 SDE child; split stage (always SDE) → k SDE
-    children. In trunk mode (TempFlow / E-GRPO) only the trunk row splits: 1 ODE child (the trunk goes on) plus
-    k SDE children that never split again; all other rows take ODE steps.
- 3. SDE children: ``kernel.step(x, v, σ, σ', c·ε)``, log π = ``kernel.log_prob`` under the nominal std (c = the
-    split noise scale at split stages, 1 elsewhere; the stored ε is c·ε so x' = μ + s·ε holds). ε comes from the
-    child's own generator: a chain continues its parent's (so a tree that never splits draws exactly the flat
-    rollout's per-sample stream), child j of a split gets ``child_generator(parent, step, j)`` (sha256 of the
-    parent's seed, step, j). A node's noise therefore never depends on its batch companions.
-    ODE children: ``ode_kernel.step`` — Euler (bit-identical to diffusers) or a multistep kernel (dpmpp_2m) fed
-    the row's ``history = (x̂0_prev, σ_prev)``, which passes along ODE edges and resets after an SDE edge and at
-    the start of the compressed tail (``samplers.multistep``).
+    children. In trunk mode (TempFlow / E-GRPO) only the trunk row splits: 1 ODE child (the trunk goes on)
+    plus k SDE children that never split again; all other rows take ODE steps.
+ 3. SDE children: ``kernel.step(x, v, σ, σ', c·ε)``, log π = ``kernel.log_prob`` under the nominal std (c =
+    the split noise scale at split stages, 1 elsewhere; the stored ε is c·ε so x' = μ + s·ε holds). ε comes
+    from the child's own generator: a chain continues its parent's (so a tree that never splits draws exactly
+    the flat rollout's per-sample stream), child j of a split gets ``child_generator(parent, step, j)``
+    (sha256 of the parent's seed, step, j). A node's noise therefore never depends on its batch companions.
+    ODE children: ``ode_kernel.step`` — Euler (bit-identical to diffusers) or a multistep kernel (dpmpp_2m)
+    fed the row's ``history = (x̂0_prev, σ_prev)``, which passes along ODE edges and resets after an SDE edge
+    and at the start of the compressed tail (``samplers.multistep``).
  4. the children become the frontier, parent-major (a trunk's ODE child first); stochastic edges are stored.
 
 NFE: forwards = Σ_stages |frontier| — each node's velocity is computed once and shared by all its children.
@@ -105,7 +105,8 @@ def build_stages(grid: Tensor, plan: StepPlan, branch: BranchPlan) -> list[Stage
         raise ValueError(f"plans are for {plan.num_steps} / {branch.num_steps} steps but the σ grid has {n}; "
                          "build them from the same num_steps")
     if branch.trunk and plan.sde_steps:
-        raise ValueError("trunk branching (EveryStep) runs an ODE trunk: the step plan must have no SDE steps")
+        raise ValueError("trunk branching (EveryStep) runs an ODE trunk: the step plan must have no SDE "
+                         "steps")
     spans = dict(zip(plan.sde_steps, plan.spans))
     tail_from = plan.sde_steps[-1] + plan.spans[-1] if (plan.ode_tail and plan.sde_steps) else None
     levels = {s: j for j, s in enumerate(branch.splits)}
@@ -113,7 +114,8 @@ def build_stages(grid: Tensor, plan: StepPlan, branch: BranchPlan) -> list[Stage
     while i < n:
         if i == tail_from:
             if any(s >= i for s in branch.splits):
-                raise ValueError(f"split steps {branch.splits} reach into the compressed ODE tail from step {i}")
+                raise ValueError(f"split steps {branch.splits} reach into the compressed ODE tail from "
+                                 f"step {i}")
             tail = tail_sigmas(grid, i, plan.tail_compress).to(grid.device)
             stages += [Stage(-1, tail[t], tail[t + 1], 1, False, tail=True) for t in range(tail.numel() - 1)]
             break
@@ -125,12 +127,13 @@ def build_stages(grid: Tensor, plan: StepPlan, branch: BranchPlan) -> list[Stage
         i += span
     missing = sorted(set(branch.splits) - {st.step for st in stages})
     if missing:
-        raise ValueError(f"split steps {missing} fall inside merged SDE steps; split only where a step starts")
+        raise ValueError(f"split steps {missing} fall inside merged SDE steps; split only where a step "
+                         "starts")
     return stages
 
 
 def stage_sizes(stages: list[Stage], n_roots: int, trunk: bool) -> tuple[list[int], list[int]]:
-    """(frontier size at each stage, stochastic children at each SDE-producing stage) — known before running."""
+    """(|frontier| per stage, stochastic children per SDE-producing stage), known before running."""
     sizes, sde_rows, f = [], [], n_roots
     for st in stages:
         sizes.append(f)
@@ -205,7 +208,7 @@ class _Frontier:
 
 @dataclass
 class _Children:
-    """Children of one stage, in new-frontier order: parent row, kind, split index j (−1: continue the chain)."""
+    """One stage's children in new-frontier order: parent row, SDE?, split index j (−1: the chain goes on)."""
 
     parent: list[int]
     sde: list[bool]
@@ -236,16 +239,18 @@ def _gather(t: Tensor, rows: list[int], n_all: int) -> Tensor:
     return t[torch.tensor(rows, dtype=torch.long, device=t.device)]
 
 
-def _velocity(velocity_fn: TreeVelocityFn, x: Tensor, sigma: Tensor, roots: Tensor, max_batch: int | None) -> Tensor:
+def _velocity(velocity_fn: TreeVelocityFn, x: Tensor, sigma: Tensor, roots: Tensor,
+              max_batch: int | None) -> Tensor:
     f = x.shape[0]
     if max_batch is None or f <= max_batch:
         return velocity_fn(x, sigma.expand(f), roots)
-    return torch.cat([velocity_fn(x[a:a + max_batch], sigma.expand(min(max_batch, f - a)), roots[a:a + max_batch])
+    return torch.cat([velocity_fn(x[a:a + max_batch], sigma.expand(min(max_batch, f - a)),
+                                  roots[a:a + max_batch])
                       for a in range(0, f, max_batch)])
 
 
 def _ode_step(st: Stage, fr: _Frontier, v: Tensor, par: list[int], kern: Kernel, cfg) -> Tensor:
-    """ODE children of one stage; a multistep kernel gets each row's history (first order where there is none)."""
+    """ODE children of one stage; a multistep kernel gets each row's history (first order where none)."""
     n_all = fr.x.shape[0]
     xs, vs = _gather(fr.x, par, n_all), _gather(v, par, n_all)
     sig, sig_n = st.sigma.expand(len(par)), st.sigma_next.expand(len(par))
@@ -259,8 +264,10 @@ def _ode_step(st: Stage, fr: _Frontier, v: Tensor, par: list[int], kern: Kernel,
     for flag in (True, False):
         rows = [k for k, o in enumerate(ok) if o == flag]
         idx = torch.tensor(rows, dtype=torch.long, device=xs.device)
-        hist = (fr.hist[torch.tensor([par[k] for k in rows], device=xs.device)], fr.hist_sigma) if flag else None
-        out[idx] = kern.step(xs[idx], vs[idx], sig[: len(rows)], sig_n[: len(rows)], cfg=cfg, history=hist).x_next
+        rows_t = torch.tensor([par[k] for k in rows], device=xs.device)
+        hist = (fr.hist[rows_t], fr.hist_sigma) if flag else None
+        n = len(rows)
+        out[idx] = kern.step(xs[idx], vs[idx], sig[:n], sig_n[:n], cfg=cfg, history=hist).x_next
     return out
 
 
@@ -279,13 +286,16 @@ def _sde_step(st: Stage, fr: _Frontier, v: Tensor, par: list[int], js: list[int]
 
 def _check_args(kern: Kernel, okern: Kernel, stages: list[Stage], generators, n_roots: int) -> None:
     if okern.stochastic:
-        raise ValueError(f"ode_kernel {okern.name!r} is stochastic; pick a deterministic kernel (ode, dpmpp_2m)")
+        raise ValueError(f"ode_kernel {okern.name!r} is stochastic; pick a deterministic kernel (ode, "
+                         "dpmpp_2m)")
     if any(st.sde for st in stages):
         if not kern.stochastic:
-            raise ValueError(f"the plan has SDE steps but the kernel is {kern.name!r}; pick flow_sde, dance_sde or cps")
+            raise ValueError(f"the plan has SDE steps but the kernel is {kern.name!r}; pick flow_sde, "
+                             "dance_sde or cps")
         if generators is None or len(generators) != n_roots:
             raise ValueError(f"SDE steps need one generator per sample ({n_roots}), got "
-                             f"{None if generators is None else len(generators)}; see samplers.rng.sample_generator")
+                             f"{None if generators is None else len(generators)}; see "
+                             "samplers.rng.sample_generator")
 
 
 def _progress(total: int, enabled: bool):
@@ -299,7 +309,8 @@ def _progress(total: int, enabled: bool):
 def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan | None = None,
                  branch: BranchPlan | None = None, *, noise: SplitNoise | None = None,
                  kernel: Kernel | str = "flow_sde", kernel_cfg=None, ode_kernel: Kernel | str = "ode",
-                 ode_kernel_cfg=None, generators: Sequence[torch.Generator] | None = None, reduce: str = "mean",
+                 ode_kernel_cfg=None, generators: Sequence[torch.Generator] | None = None,
+                 reduce: str = "mean",
                  keep_noise: bool = True, store: bool = True, max_batch: int | None = None,
                  progress: bool = False) -> TreeRollout:
     """Grow one rollout tree per row of ``x1`` (its root noise) on the σ grid (module docstring).
@@ -315,8 +326,8 @@ def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: 
     plan = plan or StepPlan(n_steps)
     branch = branch or BranchPlan(n_steps)
     if plan.num_steps != n_steps:
-        raise ValueError(f"plan is for {plan.num_steps} steps but the σ grid has {n_steps}; build both from the "
-                         "same num_steps")
+        raise ValueError(f"plan is for {plan.num_steps} steps but the σ grid has {n_steps}; build both from "
+                         "the same num_steps")
     stages = build_stages(grid, plan, branch)
     kern, okern = resolve_kernel(kernel), resolve_kernel(ode_kernel)
     n_roots = x1.shape[0]
@@ -329,18 +340,20 @@ def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: 
     edges = EdgeStore(x, sde_rows, not branch.splits, keep_noise) if (store and sde_rows) else None
     nodes = NodeStore()
     fr = _Frontier(x, nodes.add_roots(n_roots), torch.arange(n_roots),
-                   list(generators) if generators is not None else None, [True] * n_roots, hist_ok=[False] * n_roots)
+                   list(generators) if generators is not None else None, [True] * n_roots,
+                   hist_ok=[False] * n_roots)
     multistep = is_multistep(okern) or any(st.tail for st in stages)
     bar, j_sde, x0_pred = _progress(len(stages), progress), 0, x
     for si, st in enumerate(stages):
         if st.tail and (si == 0 or not stages[si - 1].tail):
-            fr.hist_ok = [False] * len(fr.ids)            # the compressed tail starts first order (MixGRPO-Flash)
+            fr.hist_ok = [False] * len(fr.ids)            # the tail starts first order (MixGRPO-Flash)
         v = _velocity(velocity_fn, fr.x, st.sigma, fr.roots, max_batch)
         kids = _children(st, fr.trunk, branch.trunk)
         x_hat = data_prediction(fr.x, v, st.sigma) if (multistep or si == len(stages) - 1) else None
         step_kern, step_cfg = (DPM_KERNEL, DPM_KERNEL.Config()) if st.tail else (okern, ode_kernel_cfg)
         fr, j_sde = _advance(st, fr, v, kids, nodes, edges, j_sde, (kern, kernel_cfg, step_kern, step_cfg),
-                             noise.at(st.level, len(branch.splits)) if st.split else 1.0, reduce, x_hat, multistep)
+                             noise.at(st.level, len(branch.splits)) if st.split else 1.0, reduce, x_hat,
+                             multistep)
         x0_pred = x_hat if x_hat is None else _gather(x_hat, kids.parent, v.shape[0])
         if bar is not None:
             bar.update(1)
@@ -364,11 +377,13 @@ def _advance(st: Stage, fr: _Frontier, v: Tensor, kids: _Children, nodes: NodeSt
         parts.append((ode_pos, _ode_step(st, fr, v, [kids.parent[k] for k in ode_pos], okern, ocfg)))
     if sde_pos:
         par = [kids.parent[k] for k in sde_pos]
-        xs, out, lp, eps, sde_gens = _sde_step(st, fr, v, par, [kids.j[k] for k in sde_pos], kern, kcfg, scale, reduce)
+        js = [kids.j[k] for k in sde_pos]
+        xs, out, lp, eps, sde_gens = _sde_step(st, fr, v, par, js, kern, kcfg, scale, reduce)
         for k, g, val in zip(sde_pos, sde_gens, lp.tolist()):
             gens[k], lp_all[k] = g, val
         if edges is not None:
-            rows = edges.write(j_sde, xs, out, lp, eps, st.sigma.expand(len(par)), st.sigma_next.expand(len(par)),
+            n = len(par)
+            rows = edges.write(j_sde, xs, out, lp, eps, st.sigma.expand(n), st.sigma_next.expand(n),
                                st.step)
             for k, row in zip(sde_pos, rows):
                 edge_rows[k] = row
@@ -384,6 +399,6 @@ def _advance(st: Stage, fr: _Frontier, v: Tensor, kids: _Children, nodes: NodeSt
     trunk = [fr.trunk[r] and not s for r, s in zip(kids.parent, kids.sde)]
     new = _Frontier(x_new, ids, fr.roots[torch.tensor(kids.parent, dtype=torch.long)], gens, trunk)
     if multistep:
-        new.hist, new.hist_ok, new.hist_sigma = _gather(x_hat, kids.parent, n_all), [not s for s in kids.sde], \
-            float(st.sigma)
+        new.hist, new.hist_ok = _gather(x_hat, kids.parent, n_all), [not s for s in kids.sde]
+        new.hist_sigma = float(st.sigma)
     return new, j_sde

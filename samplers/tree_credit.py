@@ -2,9 +2,9 @@
 
 Backups (leaf rewards R → node values V; a node with one child takes its child's value in every form):
 
-    mean        V(n) = mean_{ℓ ∈ leaves(n)} R(ℓ)                              BranchGRPO (reference C §1.2)
-    softmax     V(n) = Σ_c softmax_c(α·log π(c|n))·V(c)                        BranchGRPO --tree_prob_weighted, α = 1
-    logmeanexp  V(n) = (1/λ)·log( (1/|C(n)|)·Σ_c exp(λ·V(c)) )                DTS soft Bellman (reference C §4.2)
+    mean        V(n) = mean_{ℓ ∈ leaves(n)} R(ℓ)                    BranchGRPO (reference C §1.2)
+    softmax     V(n) = Σ_c softmax_c(α·log π(c|n))·V(c)              BranchGRPO --tree_prob_weighted, α = 1
+    logmeanexp  V(n) = (1/λ)·log( (1/|C(n)|)·Σ_c exp(λ·V(c)) )      DTS soft Bellman (reference C §4.2)
                 λ → 0: mean of the children's values; λ → ∞: their max (DTS*); both limits exact here.
 
 Advantages of the nodes reached by stochastic edges (an edge parent → c carries A(c)):
@@ -66,12 +66,14 @@ def _group_max(values: Tensor, index: Tensor, n: int) -> Tensor:
     return out.scatter_reduce(0, index, values, reduce="amax", include_self=True)
 
 
-def backup_softmax(parent: Tensor, depth: Tensor, leaf_values: Tensor, log_prob: Tensor, alpha: float = 1.0) -> Tensor:
+def backup_softmax(parent: Tensor, depth: Tensor, leaf_values: Tensor, log_prob: Tensor,
+                   alpha: float = 1.0) -> Tensor:
     """V(n) = Σ_c softmax_c(α·log π(c|n))·V(c); log π must be finite wherever a node has several children."""
     leaf = _check_tree(parent, depth, leaf_values)
     values = torch.where(leaf, leaf_values.double(), torch.zeros((), dtype=torch.float64))
     n = parent.numel()
-    n_kids = torch.zeros(n, dtype=torch.long).index_add_(0, parent[parent >= 0], torch.ones_like(parent[parent >= 0]))
+    has_parent = parent[parent >= 0]
+    n_kids = torch.zeros(n, dtype=torch.long).index_add_(0, has_parent, torch.ones_like(has_parent))
     for ids in _levels(depth):
         p = parent[ids]
         lp = log_prob[ids].double()
@@ -119,7 +121,8 @@ def backup_log_mean_exp(parent: Tensor, depth: Tensor, leaf_values: Tensor, lam:
     return values.to(leaf_values.dtype)
 
 
-def backup(parent: Tensor, depth: Tensor, leaf_values: Tensor, cfg: Backup, log_prob: Tensor | None = None) -> Tensor:
+def backup(parent: Tensor, depth: Tensor, leaf_values: Tensor, cfg: Backup,
+           log_prob: Tensor | None = None) -> Tensor:
     """Node values by ``cfg.kind`` (module docstring)."""
     if cfg.kind == "mean":
         return backup_mean(parent, depth, leaf_values)
@@ -150,8 +153,8 @@ def _std(v: Tensor, unbiased: bool) -> Tensor:
 
 def node_advantages(values: Tensor, parent: Tensor, depth: Tensor, group: Tensor, stochastic: Tensor,
                     cfg: TreeAdvantage) -> Tensor:
-    """(N,) advantages by ``cfg`` (module docstring); NaN for nodes that are not compared (roots, nodes behind a
-    deterministic edge, and every non-leaf with kind "leaves")."""
+    """(N,) advantages by ``cfg`` (module docstring); NaN for nodes that are not compared (roots, nodes behind
+    a deterministic edge, and every non-leaf with kind "leaves")."""
     leaf = torch.ones_like(parent, dtype=torch.bool)
     leaf[parent[parent >= 0]] = False
     scored = leaf if cfg.kind == "leaves" else stochastic.clone()
@@ -186,7 +189,7 @@ def node_advantages(values: Tensor, parent: Tensor, depth: Tensor, group: Tensor
 @dataclass
 class TreeCredit:
     """Credit of one rollout tree: node values (N,), node advantages (N,; NaN where not compared), the trained
-    edges as a ``TreeBatch`` (None when the rollout stored no edges), and the advantages at the leaves (L,)."""
+    edges as a ``TreeBatch`` (None when the rollout stored no edges), and the leaves' advantages (L,)."""
 
     values: Tensor
     advantages: Tensor
@@ -205,10 +208,13 @@ def assign_credit(tree, leaf_rewards: Tensor, spec: TreeSpec, root_groups: Tenso
     n_leaves = tree.leaf_nodes.numel()
     r = torch.as_tensor(leaf_rewards, dtype=torch.float32).flatten().cpu()
     if r.numel() != n_leaves:
-        raise ValueError(f"assign_credit: {r.numel()} rewards for {n_leaves} leaves; pass one per tree.latents row")
-    groups = torch.arange(tree.num_roots) if root_groups is None else torch.as_tensor(root_groups, dtype=torch.long)
+        raise ValueError(f"assign_credit: {r.numel()} rewards for {n_leaves} leaves; pass one per "
+                         "tree.latents row")
+    groups = torch.arange(tree.num_roots) if root_groups is None else \
+        torch.as_tensor(root_groups, dtype=torch.long)
     if groups.shape != (tree.num_roots,):
-        raise ValueError(f"root_groups must be ({tree.num_roots},), one group id per root, got {tuple(groups.shape)}")
+        raise ValueError(f"root_groups must be ({tree.num_roots},), one group id per root, got "
+                         f"{tuple(groups.shape)}")
     leaf_values = torch.full((len(nodes),), float("nan")).index_copy_(0, tree.leaf_nodes, r)
     values = backup(nodes.parent, nodes.depth, leaf_values, spec.backup, nodes.log_prob)
     adv = node_advantages(values, nodes.parent, nodes.depth, groups.cpu()[nodes.root], nodes.stochastic,

@@ -4,13 +4,15 @@ An edge is named by its child node c (it carries A(c), depth(c) = edges from the
 of the transition). Starting from every stochastic edge:
 
   window_only   keep edges whose step is a split step of the plan (the tree steps S_tree)
-  depth_prune   drop edges with depth(c) ∈ D − shift, shift = min(⌊n/I⌋, max(0, min D − stop)) when sliding every
-                I iterations (stop = ``depth_stop``, default the last split step) — BranchGRPO ``--depth_pruning``
+  depth_prune   drop edges with depth(c) ∈ D − shift, shift = min(⌊n/I⌋, max(0, min D − stop)) when
+                sliding every I iterations (stop = ``depth_stop``, default the last split step) —
+                BranchGRPO ``--depth_pruning``
   width         on the "last-layer" edges (step > last split step), BranchGRPO ``--width_pruning_mode``:
                 per_branch (1): group by the node created at the last split that the edge descends from, keep
                 the top max(1, ⌊n_g·ratio⌋) of each group by advantage;
                 best_worst (2): keep the best ⌊k/2⌋ and worst k − ⌊k/2⌋, k = max(2, ⌊n·ratio⌋), of all of them
-Pruning (depth and width) applies while ``iteration ≤ prune_until`` (always when None). Ties keep the lower id.
+Pruning (depth and width) applies while ``iteration ≤ prune_until`` (always when None). Ties keep the
+lower id.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from samplers.tree_spec import TrainEdges
 from samplers.tree_store import NodeTable
 
 
-def depth_pruned(depths: tuple[int, ...], iteration: int, cfg: TrainEdges, split_steps: tuple[int, ...]) -> set[int]:
+def depth_pruned(depths: tuple[int, ...], iteration: int, cfg: TrainEdges,
+                 split_steps: tuple[int, ...]) -> set[int]:
     """The child depths dropped at ``iteration`` (sliding window shifted shallower)."""
     if not depths:
         return set()
@@ -43,7 +46,8 @@ def _branch_of(node: int, parent: Tensor, step: Tensor, last_split: int) -> int:
     return node
 
 
-def width_pruned(nodes: NodeTable, candidates: list[int], adv: Tensor, cfg: TrainEdges, last_split: int) -> list[int]:
+def width_pruned(nodes: NodeTable, candidates: list[int], adv: Tensor, cfg: TrainEdges,
+                 last_split: int) -> list[int]:
     """The candidates left after width pruning of the last-layer edges (module docstring)."""
     last = [i for i in candidates if int(nodes.step[i]) > last_split]
     if not last:
@@ -72,8 +76,8 @@ def trained_edges(nodes: NodeTable, adv: Tensor, cfg: TrainEdges, split_steps: t
         cand &= torch.isin(nodes.step, torch.tensor(split_steps, dtype=torch.long))
     prune = cfg.prune_until is None or iteration <= cfg.prune_until
     if prune and cfg.depth_prune:
-        dropped = torch.tensor(sorted(depth_pruned(cfg.depth_prune, iteration, cfg, split_steps)), dtype=torch.long)
-        cand &= ~torch.isin(nodes.depth, dropped)
+        dropped = sorted(depth_pruned(cfg.depth_prune, iteration, cfg, split_steps))
+        cand &= ~torch.isin(nodes.depth, torch.tensor(dropped, dtype=torch.long))
     ids = torch.nonzero(cand).flatten().tolist()
     if prune and cfg.width != "none" and split_steps:
         ids = width_pruned(nodes, ids, adv, cfg, max(split_steps))

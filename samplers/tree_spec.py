@@ -6,18 +6,19 @@
     advantage   which nodes are compared with which, and how they are scaled
     train       which stochastic edges get gradients (pruning)
 
-plus ``window``: which non-split steps are SDE (a ``samplers.windows`` window; None = ODE). Split steps are always
-SDE. Every field is a dataclass whose defaults are the anchor's published values; ``PRESETS`` names each method.
+plus ``window``: which non-split steps are SDE (a ``samplers.windows`` window; None = ODE). Split steps are
+always SDE. Every field is a dataclass whose defaults are the anchor's published values; ``PRESETS`` names
+each method.
 
 Branchings (``plan(iteration, num_steps, rng=None) -> BranchPlan``; stateless, so resume needs no state):
   NoSplit            the flat rollout: the tree that never splits
-  FixedSplits        BranchGRPO: split steps (0, 3, 6, 9), factor 2 (``--tree_split_points``; reference C §1.1)
-  SplitWindow        TreeGRPO / Dynamic-TreeRPO: ``size`` consecutive steps each split ``factor`` ways, the window
-                     start c = (start + stride·⌊n/every⌋) mod #positions (MixGRPO-style slide, reference C §2.1)
-  RandomSplitWindow  the same window at a random start: uniform, or truncated geometric P(c = lo + j) ∝ (1 − p)^j
-                     (TreeGRPO's schedule as described by Uni-TMPO, reference F §A.1)
-  EveryStep          TempFlow-GRPO / E-GRPO: a deterministic trunk; at each listed step the trunk node also spawns
-                     ``factor`` SDE children, each completed by ODE (depth-1 branching; reference A §5, C §2.2)
+  FixedSplits        BranchGRPO: split steps (0, 3, 6, 9), factor 2 (``--tree_split_points``; ref. C §1.1)
+  SplitWindow        TreeGRPO / Dynamic-TreeRPO: ``size`` consecutive steps each split ``factor`` ways; the
+                     window start c = (start + stride·⌊n/every⌋) mod #positions (MixGRPO-style, ref. C §2.1)
+  RandomSplitWindow  the same window at a random start: uniform, or truncated geometric
+                     P(c = lo + j) ∝ (1 − p)^j (TreeGRPO's schedule as Uni-TMPO describes it, ref. F §A.1)
+  EveryStep          TempFlow-GRPO / E-GRPO: a deterministic trunk; at each listed step the trunk node also
+                     spawns ``factor`` SDE children, each completed by ODE (depth-1; ref. A §5, C §2.2)
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ class BranchPlan:
 
     splits:  grid steps at which nodes split, increasing.   factors: children per split (≥ 2), one per split.
     trunk:   False — every frontier node splits at a split step (BranchGRPO, TreeGRPO). True — only the
-             deterministic trunk splits: at a split step the trunk node gets one ODE child (the trunk goes on) and
-             ``factor`` SDE children that are never split again (TempFlow, E-GRPO).
+             deterministic trunk splits: at a split step the trunk node gets one ODE child (the trunk goes on)
+             and ``factor`` SDE children that are never split again (TempFlow, E-GRPO).
     """
 
     num_steps: int
@@ -91,7 +92,8 @@ class FixedSplits:
         steps = tuple(sorted(set(self.steps)))
         bad = [s for s in steps if not 0 <= s < num_steps]
         if bad:
-            raise ValueError(f"FixedSplits: steps {bad} lie outside the {num_steps}-step grid (0..{num_steps - 1})")
+            raise ValueError(f"FixedSplits: steps {bad} lie outside the {num_steps}-step grid "
+                             f"(0..{num_steps - 1})")
         return BranchPlan(num_steps, steps, (self.factor,) * len(steps))
 
 
@@ -151,9 +153,11 @@ class RandomSplitWindow:
         lo, hi = self.window_range
         n_pos = _window_positions(self.size, num_steps, hi, "RandomSplitWindow") - lo
         if n_pos < 1 or lo < 0:
-            raise ValueError(f"RandomSplitWindow: no start fits window_range {self.window_range} for size {self.size}")
+            raise ValueError(f"RandomSplitWindow: no start fits window_range {self.window_range} for "
+                             f"size {self.size}")
         if rng is None:
-            raise ValueError("RandomSplitWindow.plan needs rng (a random.Random seeded from (seed, iteration))")
+            raise ValueError("RandomSplitWindow.plan needs rng (a random.Random seeded from (seed, "
+                             "iteration))")
         if self.geometric_p is None:
             j = rng.randrange(n_pos)
         elif 0.0 < self.geometric_p < 1.0:
@@ -166,9 +170,9 @@ class RandomSplitWindow:
 
 @dataclass
 class EveryStep:
-    """Depth-1 branching from a deterministic trunk (TempFlow-GRPO: K = 6 children at every step; E-GRPO: G = 12
-    at steps 1, 2, 3). ``steps=None``: every step but the last (its children would differ only by the final
-    noise). The trunk itself is the ODE path from the root noise."""
+    """Depth-1 branching from a deterministic trunk (TempFlow-GRPO: K = 6 children at every step; E-GRPO:
+    G = 12 at steps 1, 2, 3). ``steps=None``: every step but the last (its children would differ only by the
+    final noise). The trunk itself is the ODE path from the root noise."""
 
     factor: int = 6
     steps: tuple[int, ...] | None = None
@@ -178,7 +182,8 @@ class EveryStep:
         steps = tuple(range(num_steps - 1)) if self.steps is None else tuple(sorted(set(self.steps)))
         bad = [s for s in steps if not 0 <= s < num_steps]
         if bad:
-            raise ValueError(f"EveryStep: steps {bad} lie outside the {num_steps}-step grid (0..{num_steps - 1})")
+            raise ValueError(f"EveryStep: steps {bad} lie outside the {num_steps}-step grid "
+                             f"(0..{num_steps - 1})")
         return BranchPlan(num_steps, steps, (self.factor,) * len(steps), trunk=True)
 
 
@@ -229,8 +234,8 @@ class TreeAdvantage:
     """Node values → advantages of the nodes reached by stochastic edges (``samplers.tree_credit``).
 
     kind: "depth" (z-score over all nodes of one depth of a tree group, BranchGRPO), "siblings" (over the
-    children of one parent, TempFlow / E-GRPO), "parent" (A = V(c) − V(parent), TD-like), "leaves" (leaves only,
-    plain GRPO over final samples, for NFT/AWR).
+    children of one parent, TempFlow / E-GRPO), "parent" (A = V(c) − V(parent), TD-like), "leaves" (leaves
+    only, plain GRPO over final samples, for NFT/AWR).
     std: "group" (std of the comparison set; for "parent" the std of the tree group's leaf rewards), "global"
     (std of all leaf rewards of the batch, Flow-GRPO), "none" (1). A = 0 where the set has one node or the std
     is below ``min_std``; then ``clip``. Defaults: BranchGRPO (unbiased std, eps 1e-8, min_std 1e-6, clip 5).
@@ -294,9 +299,11 @@ class TreeSpec:
     advantage: TreeAdvantage = field(default_factory=TreeAdvantage)
     train: TrainEdges = field(default_factory=TrainEdges)
 
-    def plans(self, iteration: int, num_steps: int, rng: random.Random | None = None) -> tuple[StepPlan, BranchPlan]:
+    def plans(self, iteration: int, num_steps: int,
+              rng: random.Random | None = None) -> tuple[StepPlan, BranchPlan]:
         """(the SDE-step plan of the non-split steps, the split plan) for one iteration."""
-        step_plan = StepPlan(num_steps) if self.window is None else self.window.plan(iteration, num_steps, rng)
+        window = self.window
+        step_plan = StepPlan(num_steps) if window is None else window.plan(iteration, num_steps, rng)
         return step_plan, self.branching.plan(iteration, num_steps, rng)
 
 
@@ -304,14 +311,15 @@ FLOW_GRPO_ADV = TreeAdvantage("depth", std="global", unbiased=False, eps=1e-4, m
 
 
 def flat_grpo() -> TreeSpec:
-    """Flow-GRPO as a tree: no splits, every step SDE, per-prompt mean and global population std (eps 1e-4)."""
+    """Flow-GRPO as a tree: no splits, every step SDE, per-prompt mean, global population std, eps 1e-4."""
     return TreeSpec(NoSplit(), AllSteps(), advantage=FLOW_GRPO_ADV)
 
 
 def branchgrpo(prob_weighted: bool = False) -> TreeSpec:
-    """BranchGRPO launch script: splits 0,3,6,9 ×2, all steps SDE, split noise ×4, mean (or softmax α=1) backup,
-    depth-wise z-score (unbiased, eps 1e-8, 0 below std 1e-6), clip 5."""
-    return TreeSpec(FixedSplits(), AllSteps(), SplitNoise(4.0), Backup("softmax" if prob_weighted else "mean"))
+    """BranchGRPO launch script: splits 0,3,6,9 ×2, all steps SDE, split noise ×4, mean (or softmax α=1)
+    backup, depth-wise z-score (unbiased, eps 1e-8, 0 below std 1e-6), clip 5."""
+    backup = Backup("softmax" if prob_weighted else "mean")
+    return TreeSpec(FixedSplits(), AllSteps(), SplitNoise(4.0), backup)
 
 
 def branchgrpo_mix() -> TreeSpec:
@@ -321,7 +329,7 @@ def branchgrpo_mix() -> TreeSpec:
 
 
 def branchgrpo_depth_pruned() -> TreeSpec:
-    """BranchGRPO-DepPru: drop child depths 15–18, sliding one shallower every 30 iterations down to depth 9."""
+    """BranchGRPO-DepPru: drop child depths 15–18, one shallower every 30 iterations, down to depth 9."""
     return TreeSpec(FixedSplits(), AllSteps(), SplitNoise(4.0),
                     train=TrainEdges(depth_prune=(15, 16, 17, 18), depth_slide_every=30, depth_stop=9))
 
@@ -351,9 +359,11 @@ def tempflow() -> TreeSpec:
 def egrpo() -> TreeSpec:
     """E-GRPO (released config, merge 1): ODE anchor, G = 12 SDE children at steps 1, 2, 3, completed by ODE,
     advantage per (prompt, step) group: (R − mean)/(std + 1e-8)."""
-    return TreeSpec(EveryStep(12, (1, 2, 3)), None, advantage=TreeAdvantage("siblings", "group", False, 1e-8, 0.0, 5.0))
+    adv = TreeAdvantage("siblings", "group", False, 1e-8, 0.0, 5.0)
+    return TreeSpec(EveryStep(12, (1, 2, 3)), None, advantage=adv)
 
 
 PRESETS = {"flat_grpo": flat_grpo, "branchgrpo": branchgrpo, "branchgrpo_mix": branchgrpo_mix,
-           "branchgrpo_depth_pruned": branchgrpo_depth_pruned, "branchgrpo_width_pruned": branchgrpo_width_pruned,
+           "branchgrpo_depth_pruned": branchgrpo_depth_pruned,
+           "branchgrpo_width_pruned": branchgrpo_width_pruned,
            "treegrpo": treegrpo, "dynamic_treerpo": dynamic_treerpo, "tempflow": tempflow, "egrpo": egrpo}

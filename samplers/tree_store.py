@@ -1,15 +1,15 @@
 """The node store of a rollout tree and the buffers of its stored (stochastic) edges.
 
 Node ids are insertion order, so a parent's id is always smaller than its children's (the bottom-up backups in
-``samplers.tree_credit`` rely on it). Each node records: parent (−1 for a root), depth (edges from its root), the
-grid step of its incoming edge (−1 for a root or a compressed-tail step), whether that edge is stochastic, the
-edge's log π (NaN for a deterministic edge), its root index, and the row of its stored edge (−1 if not stored).
-The rollout engine keeps latents only on the frontier and in the edge buffers; the search driver
+``samplers.tree_credit`` rely on it). Each node records: parent (−1 for a root), depth (edges from its root),
+the grid step of its incoming edge (−1 for a root or a compressed-tail step), whether that edge is stochastic,
+the edge's log π (NaN for a deterministic edge), its root index, and the row of its stored edge (−1 if not
+stored). The rollout engine keeps latents only on the frontier and in the edge buffers; the search driver
 (``samplers.search``) also keeps every node's latent (``keep_latents``) so it can expand any node later.
 
-Edge buffers: one row per stochastic edge (x, x_next, mean, std, log_prob, σ, σ_next, step, ε). A tree that never
-splits uses the flat layout (R, K, ...) — row b·K + j is root b's j-th stochastic step — so its trajectory is
-today's (B, K, ...) ``Trajectory`` without a copy; a splitting tree fills stage after stage.
+Edge buffers: one row per stochastic edge (x, x_next, mean, std, log_prob, σ, σ_next, step, ε). A tree that
+never splits uses the flat layout (R, K, ...) — row b·K + j is root b's j-th stochastic step — so its
+trajectory is today's (B, K, ...) ``Trajectory`` without a copy; a splitting tree fills stage after stage.
 """
 from __future__ import annotations
 
@@ -101,10 +101,11 @@ class NodeStore:
 
     def table(self) -> NodeTable:
         """The store as tensors."""
-        return NodeTable(torch.tensor(self.parent, dtype=torch.long), torch.tensor(self.depth, dtype=torch.long),
-                         torch.tensor(self.step, dtype=torch.long), torch.tensor(self.stochastic, dtype=torch.bool),
-                         torch.tensor(self.log_prob, dtype=torch.float32), torch.tensor(self.root, dtype=torch.long),
-                         torch.tensor(self.edge_row, dtype=torch.long))
+        def t(values, dtype=torch.long):
+            return torch.tensor(values, dtype=dtype)
+
+        return NodeTable(t(self.parent), t(self.depth), t(self.step), t(self.stochastic, torch.bool),
+                         t(self.log_prob, torch.float32), t(self.root), t(self.edge_row))
 
 
 @dataclass
@@ -165,9 +166,10 @@ class EdgeStore:
         """The (R, K, ...) trajectory of a tree that never splits."""
         if not self.flat:
             raise ValueError("flat_trajectory: this tree splits; take its edges with TreeRollout.edge_batch")
-        step_idx = self.step[0].cpu() if self.step.shape[0] else torch.zeros(self.num_stages, dtype=torch.long)
-        return Trajectory(self.x, self.x_next, self.mean, self.std, self.log_prob, self.sigma, self.sigma_next,
-                          step_idx, self.noise)
+        k = self.num_stages
+        step_idx = self.step[0].cpu() if self.step.shape[0] else torch.zeros(k, dtype=torch.long)
+        return Trajectory(self.x, self.x_next, self.mean, self.std, self.log_prob, self.sigma,
+                          self.sigma_next, step_idx, self.noise)
 
     def rows(self, edge_rows: Tensor) -> tuple[Trajectory, Tensor]:
         """Edge rows as a (E, 1, ...) ``Trajectory`` plus their grid steps (E,)."""
@@ -180,7 +182,7 @@ class EdgeStore:
             return flat[idx].unsqueeze(1)
 
         steps = pick(self.step).squeeze(1)
-        traj = Trajectory(pick(self.x), pick(self.x_next), pick(self.mean), pick(self.std), pick(self.log_prob),
-                          pick(self.sigma), pick(self.sigma_next), torch.full((1,), -1, dtype=torch.long),
-                          pick(self.noise))
+        traj = Trajectory(pick(self.x), pick(self.x_next), pick(self.mean), pick(self.std),
+                          pick(self.log_prob), pick(self.sigma), pick(self.sigma_next),
+                          torch.full((1,), -1, dtype=torch.long), pick(self.noise))
         return traj, steps.cpu()

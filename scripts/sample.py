@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """Search without training: best-of-N and DTS / DTS* at equal NFE on any policy and reward (samplers.search).
 
-    # the shipped toy model, 4 held-out prompts, shapes verifier, 64 velocity evaluations per prompt (CPU, ~20 s)
+    # the shipped toy model, 4 held-out prompts, shapes verifier, 64 velocity evaluations per prompt
+    # (CPU, ~20 s)
     python scripts/sample.py --policy toy --reward shapes --num-prompts 4 --budget 64 --out runs/search
 
     # a real model and reward, DTS at λ = 10 against best-of-N
     python scripts/sample.py --policy sd3 --reward pickscore --prompts prompts.txt --methods best_of_n,dts \\
         --lam 10 --budget 400 --steps 20 --out runs/sd3_search
 
-For each prompt and method the returned sample is decoded and scored with the reward set's weighted total. Methods:
-``ode`` (one ODE sample, NFE = steps), ``best_of_n`` (⌊budget/steps⌋ ODE samples, the best kept), ``dts`` (soft
-value, λ = --lam, returns a draw ∝ exp(λ·v̂) and the best seen), ``dts_star`` (greedy, max backup, the best leaf).
-All methods start from the same root noises (``--seed``). Prints a JSON summary; with --out also writes
-results.jsonl (one line per prompt × method), <method>/p0000.png and command.json.
+For each prompt and method the returned sample is decoded and scored with the reward set's weighted total.
+Methods: ``ode`` (one ODE sample, NFE = steps), ``best_of_n`` (⌊budget/steps⌋ ODE samples, the best kept),
+``dts`` (soft value, λ = --lam, returns a draw ∝ exp(λ·v̂) and the best seen), ``dts_star`` (greedy, max
+backup, the best leaf). All methods start from the same root noises (``--seed``). Prints a JSON summary; with
+--out also writes results.jsonl (one line per prompt × method), <method>/p0000.png and command.json.
 """
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="the family's tiny random preset (smoke runs)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--reward", default="shapes", help="comma-separated reward names (REWARDS or module:attr)")
-    ap.add_argument("--prompts", default="shapes:heldout", help="heldout | train | shapes:<split> | FILE.txt | FILE.jsonl")
+    ap.add_argument("--reward", default="shapes",
+                    help="comma-separated reward names (REWARDS or module:attr)")
+    ap.add_argument("--prompts", default="shapes:heldout",
+                    help="heldout | train | shapes:<split> | FILE.txt | FILE.jsonl")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--methods", default="ode,best_of_n,dts_star", help=f"comma-separated, of {METHODS}")
     ap.add_argument("--budget", type=int, default=64, help="velocity evaluations per prompt and method")
@@ -45,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lam", type=float, default=10.0, help="DTS λ (target p·exp(λ·r))")
     ap.add_argument("--max-children", type=int, default=8, help="DTS widening bound per node")
     ap.add_argument("--kernel", default="flow_sde", help="SDE kernel of the DTS expansions")
-    ap.add_argument("--noise-level", type=float, help="SDE noise level (default: the policy's, else the kernel's)")
+    ap.add_argument("--noise-level", type=float,
+                    help="SDE noise level (default: the policy's, else the kernel's)")
     ap.add_argument("--guidance", type=float, help="CFG / distilled guidance (default: the policy's)")
     ap.add_argument("--size", type=int, help="image height = width (default: the family's)")
     ap.add_argument("--seed", type=int, default=0)
@@ -77,7 +81,8 @@ def reward_of(rewards, policy, prompt: str, meta: dict):
     def score(latents: torch.Tensor) -> torch.Tensor:
         pixels = policy.decode(latents).float().clamp(0, 1)
         n = pixels.shape[0]
-        total = rewards(make_input(pixels, [prompt] * n, torch.zeros(n, dtype=torch.long), [dict(meta)] * n)).total
+        batch = make_input(pixels, [prompt] * n, torch.zeros(n, dtype=torch.long), [dict(meta)] * n)
+        total = rewards(batch).total
         return torch.nan_to_num(total, nan=float("-inf"))
     return score
 
@@ -119,25 +124,27 @@ def main(argv: list[str] | None = None) -> dict:
     from samplers import KERNELS
 
     policy = build_policy(args)
-    items = load_prompts({"heldout": "shapes:heldout", "train": "shapes:train"}.get(args.prompts, args.prompts),
-                         args.seed).fixed(args.num_prompts)
+    source = {"heldout": "shapes:heldout", "train": "shapes:train"}.get(args.prompts, args.prompts)
+    items = load_prompts(source, args.seed).fixed(args.num_prompts)
     rewards = RewardSet({n.strip(): 1.0 for n in args.reward.split(",") if n.strip()}, device=args.device)
     kern = KERNELS.get(args.kernel)
     level = args.noise_level if args.noise_level is not None else getattr(policy.config, "noise_level", None)
-    kernel_cfg = kern.config(noise_level=level) if level is not None and "noise_level" in kern.Config.__dataclass_fields__ \
-        else kern.Config()
+    has_level = "noise_level" in kern.Config.__dataclass_fields__
+    kernel_cfg = kern.config(noise_level=level) if (level is not None and has_level) else kern.Config()
     out = Path(args.out) if args.out else None
     rows, summary = [], {}
     for p, (prompt, meta) in enumerate(items):
         for method in args.methods:
             res, secs = run_method(method, args, policy, prompt, meta, rewards, kernel_cfg)
             rows.append({"prompt_idx": p, "prompt": prompt, "method": method, "reward": res.reward,
-                         "best_reward": res.best_reward, "nfe": res.nfe, "samples": res.samples, "seconds": secs})
+                         "best_reward": res.best_reward, "nfe": res.nfe, "samples": res.samples,
+                         "seconds": secs})
             if out is not None:
                 _save(out / method / f"p{p:04d}.png", policy.decode(res.latents)[0])
     for method in args.methods:
         mine = [r for r in rows if r["method"] == method]
-        summary[method] = {k: sum(r[k] for r in mine) / len(mine) for k in ("reward", "best_reward", "nfe", "seconds")}
+        keys = ("reward", "best_reward", "nfe", "seconds")
+        summary[method] = {k: sum(r[k] for r in mine) / len(mine) for k in keys}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

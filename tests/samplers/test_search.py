@@ -1,5 +1,5 @@
-"""Search: DTS* (greedy, λ = ∞) finds the maximum of a toy reward and beats best-of-N at equal NFE; the DTS tree
-holds the soft Bellman values; NFE accounting and reproducibility."""
+"""Search: DTS* (greedy, λ = ∞) finds the maximum of a toy reward and beats best-of-N at equal NFE; the DTS
+tree holds the soft Bellman values; NFE accounting and reproducibility."""
 import math
 
 import pytest
@@ -30,8 +30,8 @@ def _counting(vf, box):
 
 
 def test_dts_star_finds_the_max_of_a_toy_reward():
-    """1-D data N(1.5, 0.5²), reward −(x0 − 2.3)² (maximum 0 at 2.3, 1.6 data-std out): DTS* gets within 0.03 of
-    it on every seed at 240 NFE."""
+    """1-D data N(1.5, 0.5²), reward −(x0 − 2.3)² (maximum 0 at 2.3, 1.6 data-std out): DTS* gets within 0.03
+    of it on every seed at 240 NFE."""
     for seed in range(8):
         res = dts_star(exact_velocity(), _noise((1,)), SIG, _reward(torch.tensor([2.3])), 240, seed=seed)
         assert res.best_reward > -0.03 and res.reward == res.best_reward, seed
@@ -72,10 +72,10 @@ def test_search_is_reproducible_and_best_of_n_shares_dts_noises():
     args = (exact_velocity(), _noise((2,)), SIG, _reward(torch.tensor([1.0, 2.0])))
     a, b = dts(*args, 64, seed=5), dts(*args, 64, seed=5)
     assert torch.equal(a.latents, b.latents) and a.values == b.values
-    one = dts(*args, 8, DTSConfig(lam=math.inf, greedy=True), seed=5)        # one rollout: the first root child
+    one = dts(*args, 8, DTSConfig(lam=math.inf, greedy=True), seed=5)    # one rollout: the first root child
     noise0 = _noise((2,))([torch.Generator().manual_seed(child_seed(5, -1, 0))])[0]
     assert one.samples == 1 and torch.equal(one.nodes.latents[1], noise0)
-    bon = best_of_n(*args, 8, seed=5, kernel="ode")                          # the ODE sample of the same noise
+    bon = best_of_n(*args, 8, seed=5, kernel="ode")                      # the ODE sample of the same noise
     ode = tree_rollout(lambda x, s, r: exact_velocity()(x, s), noise0.unsqueeze(0), SIG)
     assert bon.samples == 1 and torch.equal(bon.latents, ode.latents)
 

@@ -1,5 +1,6 @@
-"""Tree credit: backups equal their formulas (λ → 0 mean, λ → ∞ max), advantages equal the anchors' (BranchGRPO
-depth-wise, Flow-GRPO per prompt), credit lands on the split that decides the reward, pruning keeps the right edges."""
+"""Tree credit: backups equal their formulas (λ → 0 mean, λ → ∞ max), advantages equal the anchors'
+(BranchGRPO depth-wise, Flow-GRPO per prompt), credit lands on the split that decides the reward, pruning
+keeps the right edges."""
 import math
 
 import pytest
@@ -90,9 +91,11 @@ def test_log_mean_exp_backup_is_the_soft_bellman_formula(lam):
 
 def test_log_mean_exp_limits_are_mean_and_max():
     d, v = _depth(PARENT), _leaf_values()
-    torch.testing.assert_close(backup_log_mean_exp(PARENT, d, v, 1e-7), backup_log_mean_exp(PARENT, d, v, 0.0),
+    torch.testing.assert_close(backup_log_mean_exp(PARENT, d, v, 1e-7),
+                               backup_log_mean_exp(PARENT, d, v, 0.0),
                                atol=1e-5, rtol=0)
-    torch.testing.assert_close(backup_log_mean_exp(PARENT, d, v, 1e4), backup_log_mean_exp(PARENT, d, v, math.inf),
+    torch.testing.assert_close(backup_log_mean_exp(PARENT, d, v, 1e4),
+                               backup_log_mean_exp(PARENT, d, v, math.inf),
                                atol=1e-3, rtol=0)
     assert backup_log_mean_exp(PARENT, d, v, math.inf)[0].item() == pytest.approx(max(LEAF_R.values()))
 
@@ -102,7 +105,8 @@ def _tree(n_roots=2, splits=(0, 2, 4), k=2, steps=6, noise=1.0):
     gens = [sample_generator(1, 0, r, 0) for r in range(n_roots)]
     x1 = randn_rows((2, 3, 3), gens)
     return tree_rollout(lambda x, s, r: exact_velocity()(x, s), x1, sig, AllSteps().plan(0, steps),
-                        ts.FixedSplits(splits, k).plan(0, steps), noise=ts.SplitNoise(noise), kernel="dance_sde",
+                        ts.FixedSplits(splits, k).plan(0, steps), noise=ts.SplitNoise(noise),
+                        kernel="dance_sde",
                         generators=gens)
 
 
@@ -160,9 +164,9 @@ def test_sibling_parent_and_leaf_advantages():
 
 def test_credit_lands_on_the_split_that_decides_the_reward():
     """Reward = +1 / 0 by the first split's choice only. Sibling and parent baselines give the first split's
-    edges ±A and every later edge exactly 0; BranchGRPO's depth-wise z-score copies the branch's sign onto every
-    later edge (nodes of one depth are compared across first-split branches); flat GRPO would give every step
-    of a path the same advantage."""
+    edges ±A and every later edge exactly 0; BranchGRPO's depth-wise z-score copies the branch's sign onto
+    every later edge (nodes of one depth are compared across first-split branches); flat GRPO would give every
+    step of a path the same advantage."""
     tree = _tree(n_roots=1, splits=(0, 2, 4), k=2, steps=6)
     n = tree.nodes
     first = []
@@ -193,7 +197,8 @@ def test_depth_pruning_fixed_and_sliding_as_branchgrpo():
     assert depth_pruned(cfg.depth_prune, 59, cfg, (0, 3, 6, 9)) == {14, 15, 16, 17}
     assert depth_pruned(cfg.depth_prune, 10_000, cfg, (0, 3, 6, 9)) == {9, 10, 11, 12}
     tree = _tree(n_roots=1, splits=(0, 2), steps=6)
-    credit = assign_credit(tree, tree.latents.mean((1, 2, 3)), ts.TreeSpec(train=ts.TrainEdges(depth_prune=(2, 5))))
+    spec = ts.TreeSpec(train=ts.TrainEdges(depth_prune=(2, 5)))
+    credit = assign_credit(tree, tree.latents.mean((1, 2, 3)), spec)
     assert set(credit.batch.depth.tolist()) == {1, 3, 4, 6}
     late = assign_credit(tree, tree.latents.mean((1, 2, 3)),
                          ts.TreeSpec(train=ts.TrainEdges(depth_prune=(2, 5), prune_until=3)), iteration=4)
@@ -201,11 +206,12 @@ def test_depth_pruning_fixed_and_sliding_as_branchgrpo():
 
 
 def test_width_pruning_and_window_only():
-    tree = _tree(n_roots=1, splits=(0, 2), steps=6)            # 4 last-split branches × 3 later edges (steps 3..5)
+    tree = _tree(n_roots=1, splits=(0, 2), steps=6)      # 4 last-split branches × 3 later edges (steps 3–5)
     r = tree.latents.mean((1, 2, 3))
     base = assign_credit(tree, r, ts.branchgrpo())
     n, adv = tree.nodes, base.advantages
-    per = assign_credit(tree, r, ts.TreeSpec(noise=ts.SplitNoise(4.0), train=ts.TrainEdges(width="per_branch")))
+    spec = ts.TreeSpec(noise=ts.SplitNoise(4.0), train=ts.TrainEdges(width="per_branch"))
+    per = assign_credit(tree, r, spec)
     kept_late = per.batch.node[per.batch.step > 2].tolist()
     assert len(kept_late) == 4 * max(1, int(3 * 0.5))
     for node in kept_late:                                      # each kept edge is its branch's best
@@ -216,7 +222,8 @@ def test_width_pruning_and_window_only():
                   if _ancestor_at(n, c, 2) == anc]
         assert float(adv[node]) == max(float(adv[c]) for c in branch)
     bw = assign_credit(tree, r, ts.TreeSpec(train=ts.TrainEdges(width="best_worst")))
-    late_all = sorted(torch.nonzero(n.stochastic & (n.step > 2)).flatten().tolist(), key=lambda c: -float(adv[c]))
+    late = torch.nonzero(n.stochastic & (n.step > 2)).flatten().tolist()
+    late_all = sorted(late, key=lambda c: -float(adv[c]))
     assert set(bw.batch.node[bw.batch.step > 2].tolist()) == set(late_all[:3] + late_all[-3:])
     assert len(bw.batch.node[bw.batch.step <= 2]) == 2 + 2 + 4      # edges up to the last split all kept
     win = assign_credit(tree, r, ts.TreeSpec(train=ts.TrainEdges(window_only=True)))

@@ -1,5 +1,6 @@
-"""Tree engine: the tree that never splits is the pre-tree flat rollout bit for bit; per-edge log-probs equal a flat
-rollout's on the same noise; a node's output does not depend on its batch companions; NFE = Σ frontier sizes."""
+"""Tree engine: the tree that never splits is the pre-tree flat rollout bit for bit; per-edge log-probs equal
+a flat rollout's on the same noise; a node's output does not depend on its batch companions; NFE = Σ frontier
+sizes."""
 import random
 
 import pytest
@@ -26,7 +27,8 @@ def _start(idx, seed=5, iteration=2):
 
 def _assert_same(a, b):
     assert torch.equal(a.latents, b.latents) and a.nfe == b.nfe
-    assert (a.x0_pred is None) == (b.x0_pred is None) and (a.x0_pred is None or torch.equal(a.x0_pred, b.x0_pred))
+    assert (a.x0_pred is None) == (b.x0_pred is None)
+    assert a.x0_pred is None or torch.equal(a.x0_pred, b.x0_pred)
     assert (a.traj is None) == (b.traj is None)
     if a.traj is not None:
         for name in FIELDS:
@@ -51,7 +53,8 @@ def test_flat_rollout_is_the_pre_tree_engine_bit_for_bit(kernel, window, kw):
     sig = flow_match_sigmas(10, shift=3.0)
     plan = window if (window is None or isinstance(window, StepPlan)) else window.plan(0, 10)
     new = rollout(exact_velocity(), *_start(range(4))[:1], sig, plan, kernel, None, _start(range(4))[1], **kw)
-    old = reference_rollout(exact_velocity(), *_start(range(4))[:1], sig, plan, kernel, None, _start(range(4))[1], **kw)
+    old = reference_rollout(exact_velocity(), *_start(range(4))[:1], sig, plan, kernel, None,
+                            _start(range(4))[1], **kw)
     _assert_same(new, old)
 
 
@@ -65,15 +68,17 @@ def test_non_splitting_tree_with_chunked_model_calls_is_the_flat_rollout():
         return exact_velocity()(x, s)
 
     x1, gens = _start(range(5))
-    tree = tree_rollout(vf, x1, sig, plan, ts.NoSplit().plan(0, 8), kernel="flow_sde", generators=gens, max_batch=2)
-    flat = reference_rollout(exact_velocity(), *_start(range(5))[:1], sig, plan, "flow_sde", None, _start(range(5))[1])
+    tree = tree_rollout(vf, x1, sig, plan, ts.NoSplit().plan(0, 8), kernel="flow_sde", generators=gens,
+                        max_batch=2)
+    flat = reference_rollout(exact_velocity(), *_start(range(5))[:1], sig, plan, "flow_sde", None,
+                             _start(range(5))[1])
     _assert_same(tree.result(), flat)
     assert calls[:3] == [[0, 1], [2, 3], [4]] and len(calls) == 8 * 3 and tree.forwards == 8 * 5
 
 
 def test_split_edges_equal_a_flat_rollout_on_the_same_noise():
-    """Below a split at step 3, child j's path is the flat rollout from the parent latent on σ[3:], drawing from
-    the child's generator; its edges (x, x', μ, s, log π, ε) match bit for bit."""
+    """Below a split at step 3, child j's path is the flat rollout from the parent latent on σ[3:], drawing
+    from the child's generator; its edges (x, x', μ, s, log π, ε) match bit for bit."""
     sig = flow_match_sigmas(8, shift=3.0)
     x1, gens = _start([0])
     branch = ts.FixedSplits((3,), 3).plan(0, 8)
@@ -85,7 +90,8 @@ def test_split_edges_equal_a_flat_rollout_on_the_same_noise():
     for _ in range(3):                      # the root's generator drew steps 0, 1, 2 before the split
         torch.randn(SHAPE, generator=g_root)
     for j in range(3):
-        flat = reference_rollout(exact_velocity(), parent_latent, sig[3:], AllSteps().plan(0, 5), "dance_sde", None,
+        flat = reference_rollout(exact_velocity(), parent_latent, sig[3:], AllSteps().plan(0, 5), "dance_sde",
+                                 None,
                                  [child_generator(g_root, 3, j)])
         leaf = tree.leaf_nodes[j]
         path = [int(leaf)]
@@ -197,7 +203,8 @@ def test_split_windows_slide_and_draw():
     assert ts.SplitWindow(size=3, every=1, roll_back=False).plan(99, 8).splits == (4, 5, 6)
     starts = {ts.RandomSplitWindow(2, 2, (1, 6)).plan(0, 8, random.Random(s)).splits[0] for s in range(200)}
     assert starts == {1, 2, 3, 4}
-    geo = [ts.RandomSplitWindow(2, 2, geometric_p=0.6).plan(0, 8, random.Random(s)).splits[0] for s in range(400)]
+    geo_window = ts.RandomSplitWindow(2, 2, geometric_p=0.6)
+    geo = [geo_window.plan(0, 8, random.Random(s)).splits[0] for s in range(400)]
     assert geo.count(0) > geo.count(1) > geo.count(2)
     assert ts.SplitNoise(4.0, ramp=1.0).at(3, 4) == 8.0 and ts.SplitNoise(4.0).at(2, 4) == 4.0
 

@@ -1,5 +1,6 @@
-"""Integration on the tiny toy policy: the flat rollout through a real transformer is the pre-tree engine bit for
-bit, and a BranchGRPO tree's edges (one row per trained edge, conditioning picked by root) run the GRPO loss."""
+"""Integration on the tiny toy policy: the flat rollout through a real transformer is the pre-tree engine bit
+for bit, and a BranchGRPO tree's edges (one row per trained edge, conditioning picked by root) run the GRPO
+loss."""
 import torch
 
 from flowrl.objectives import grpo
@@ -28,7 +29,8 @@ def test_toy_flat_rollout_equals_the_pre_tree_engine():
     vf = lambda x, s: policy.velocity(x, s, cond, 1.0)
     plan = AllSteps().plan(0, 4)
     new = rollout(vf, x1, sig, plan, "flow_sde", None, [sample_generator(0, 0, p, 0) for p in range(2)])
-    old = reference_rollout(vf, x1, sig, plan, "flow_sde", None, [sample_generator(0, 0, p, 0) for p in range(2)])
+    gens_again = [sample_generator(0, 0, p, 0) for p in range(2)]
+    old = reference_rollout(vf, x1, sig, plan, "flow_sde", None, gens_again)
     assert torch.equal(new.latents, old.latents) and torch.equal(new.traj.log_prob, old.traj.log_prob)
     assert torch.equal(new.traj.x_next, old.traj.x_next) and new.nfe == old.nfe == 4
 
@@ -56,6 +58,6 @@ def test_toy_tree_edges_run_the_grpo_loss_unchanged():
                        kernel="dance_sde", kernel_cfg=KERNELS.get("dance_sde").Config())
     out = grpo.loss(policy, train, grpo.Config(beta_kl=0.0))
     assert torch.isfinite(out.loss)
-    torch.testing.assert_close(out.metrics["ratio"], torch.tensor(1.0), atol=1e-4, rtol=0)   # π_θ = π_old here
+    torch.testing.assert_close(out.metrics["ratio"], torch.tensor(1.0), atol=1e-4, rtol=0)   # π_θ = π_old
     out.loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
