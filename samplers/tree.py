@@ -25,14 +25,7 @@ k, tail?)``. Each stage:
 
 NFE: forwards = Σ_stages |frontier| — each node's velocity is computed once and shared by all its children.
 
-Use (a GRPO iteration with one tree per prompt; ``samplers.tree_spec`` for the method presets):
-
-    spec = tree_spec.branchgrpo()
-    plan, branch = spec.plans(iteration, steps, rng)
-    tree = tree_rollout(lambda x, s, r: policy.velocity(x, s, cond.select(r), w), x1, sigmas, plan, branch,
-                        noise=spec.noise, kernel="dance_sde", generators=gens)
-    credit = assign_credit(tree, reward(policy.decode(tree.latents)), spec, iteration=iteration)
-    credit.batch  # TreeBatch: traj (E, 1, ...), root (E,) → cond.select(root), advantage (E,)
+Usage, the tree spec and the credit functions: docs/samplers.md "Trees".
 """
 from __future__ import annotations
 
