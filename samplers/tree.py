@@ -44,11 +44,11 @@ from samplers.multistep import data_prediction, is_multistep
 from samplers.rng import randn_rows
 from samplers.schedule import check_grid
 from samplers.tree_credit import TreeCredit, assign_credit
-from samplers.tree_spec import BranchPlan, SplitNoise, TreeSpec
+from samplers.tree_spec import PRESETS, BranchPlan, SplitNoise, TreeSpec
 from samplers.tree_store import EdgeStore, NodeStore, NodeTable, TreeBatch
 from samplers.windows import StepPlan
 
-__all__ = ["BranchPlan", "SplitNoise", "TreeBatch", "TreeCredit", "TreeRollout", "TreeSpec", "assign_credit",
+__all__ = ["PRESETS", "BranchPlan", "SplitNoise", "TreeBatch", "TreeCredit", "TreeRollout", "TreeSpec", "assign_credit",
            "tree_rollout"]
 
 TreeVelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
