@@ -48,8 +48,8 @@ from samplers.tree_spec import PRESETS, BranchPlan, SplitNoise, TreeSpec
 from samplers.tree_store import EdgeStore, NodeStore, NodeTable, TreeBatch
 from samplers.windows import StepPlan
 
-__all__ = ["PRESETS", "BranchPlan", "SplitNoise", "TreeBatch", "TreeCredit", "TreeRollout", "TreeSpec", "assign_credit",
-           "tree_rollout"]
+__all__ = ["PRESETS", "BranchPlan", "SplitNoise", "TreeBatch", "TreeCredit", "TreeRollout", "TreeSpec",
+           "assign_credit", "tree_rollout"]
 
 TreeVelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``v = velocity_fn(x, sigma, roots)``: x (F, ...), sigma (F,), roots (F,) long = each row's root index."""
