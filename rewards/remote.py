@@ -1,10 +1,12 @@
 """Client reward that asks a ``rewards.server`` over HTTP (Flow-GRPO's remote GenEval pattern, reference A §2.9).
 
-Retries on connection errors, timeouts and 5xx replies with exponential backoff
-(``backoff_s · 2^attempt``); a 4xx reply is the caller's fault and raises at once with the server's reason.
+Retries connection errors (refused, reset, no reply), timeouts, malformed HTTP replies and 5xx replies with
+exponential backoff (``backoff_s · 2^attempt``); a 4xx reply is the caller's fault (bad token, malformed or
+oversized body, content the reward rejects) and raises at once with the server's reason, never retried.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -58,15 +60,26 @@ class RemoteReward:
             if attempt:
                 time.sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
             try:
-                return decode_scores(self._post(body))
+                reply = self._post(body)
             except urllib.error.HTTPError as e:
                 reason = _reason(e)
                 if 400 <= e.code < 500:
                     raise RemoteRewardError(f"{self.cfg.url} refused the request ({e.code}): {reason}") from e
                 last = f"HTTP {e.code}: {reason}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            else:
+                return _scores(reply, self.cfg.url)
         raise RemoteRewardError(f"{self.cfg.url} failed after {self.cfg.retries + 1} attempts; last: {last}")
+
+
+def _scores(reply: bytes, url: str) -> dict[str, Tensor]:
+    """The scores of a 200 reply; a body that is not the wire format raises at once (retrying cannot fix it)."""
+    try:
+        return decode_scores(reply)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RemoteRewardError(f"{url} answered 200 with a malformed body ({type(e).__name__}: {e}): "
+                                f"{reply[:200]!r}") from e
 
 
 def _reason(e: urllib.error.HTTPError) -> str:

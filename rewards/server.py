@@ -4,28 +4,84 @@
     python -m rewards.server --reward pickscore --device cuda:1 --port 18085 [--kwargs '{"divisor": 1}']
 
 Binds 127.0.0.1 unless told otherwise; every ``/score`` request must carry ``Authorization: Bearer <token>``
-(``--token`` or $FLOWRL_REWARD_TOKEN, else a random one is printed).  Bodies over ``--max-mb`` get 413,
-malformed ones 400 with the reason; concurrent requests with the same image shape are scored together, up to
-``--max-batch`` samples.  ``GET /health`` needs no token.  Wire format: ``rewards.wire``.
+(``--token`` or $FLOWRL_REWARD_TOKEN, else a random one is printed).  ``GET /health`` needs no token.
+Concurrent requests with the same image shape are scored together, up to ``--max-batch`` samples.
+Wire format: ``rewards.wire``.  Faults and their answers (limits in ``ServerLimits``):
+
+    client mistakes        4xx with a JSON reason, never retried by ``rewards.remote``: 400 malformed request,
+                           body or Content-Length; 401 token; 404 path; 405 method; 408 request not received
+                           within the idle / read timeout; 411 no Content-Length; 413 body or its unpacked
+                           arrays over the limit; 422 the reward rejected the content (it raised ValueError etc.)
+    server faults          500 the reward failed (RuntimeError / OSError / MemoryError); 503 scoring timed out
+                           or every worker is busy and the pending queue is full (``Retry-After: 1``)
+    connections            a fixed pool of worker threads behind a bounded queue and a listen backlog of 128;
+                           idle or half-open connections are closed after the idle timeout
 """
 from __future__ import annotations
 
 import argparse
 import hmac
+import io
 import json
 import os
 import queue
 import secrets
+import select
+import socket
 import sys
 import threading
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from dataclasses import dataclass, field, fields
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import torch
 from torch import Tensor
 
 from rewards.base import RewardError, RewardInput, check_input
-from rewards.wire import WireError, decode_request, encode_scores
+from rewards.wire import WireError, WireTooLarge, decode_request, encode_scores
+
+TRANSIENT = (RuntimeError, OSError, MemoryError)  # reward failures worth a retry (OOM, CUDA, I/O): 500
+
+
+@dataclass
+class ServerLimits:
+    """Every bound of the reward server (sizes in bytes, times in seconds)."""
+
+    max_bytes: int = 256 << 20            # request body (413 above)
+    max_unpacked_bytes: int | None = None  # arrays after decompression (413 above); None = max_bytes
+    score_timeout_s: float = 600.0        # waiting for the reward (503 after)
+    idle_timeout_s: float = 30.0          # longest wait for any one read or write on a connection
+    read_timeout_s: float = 120.0         # longest time to receive one whole request (408 after)
+    workers: int = 32                     # threads serving connections
+    pending: int = 256                    # accepted connections waiting for a worker (503 beyond)
+    backlog: int = 128                    # listen queue of not-yet-accepted connections
+    yield_idle_s: float = 1.0             # a connection idle between requests this long leaves when others wait
+    linger_s: float = 2.0                 # after an early error reply, unread body is drained this long
+
+    def __post_init__(self):
+        if self.max_unpacked_bytes is None:
+            self.max_unpacked_bytes = self.max_bytes
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"ServerLimits.{f.name} must be > 0, got {getattr(self, f.name)}")
+
+
+class ScoreError(Exception):
+    """A failed scoring, with the HTTP status it is answered with and the reason."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def score_error(e: Exception) -> ScoreError:
+    """422 when the reward rejected the content (a deterministic error: ValueError, TypeError, KeyError...),
+    500 when it failed in a way a retry may cure (``TRANSIENT``); looks through ``RewardError`` wrappers."""
+    root = e
+    while isinstance(root, RewardError) and root.__cause__ is not None:
+        root = root.__cause__
+    return ScoreError(500 if isinstance(root, TRANSIENT) else 422, f"{type(e).__name__}: {e}")
 
 
 @dataclass
@@ -33,11 +89,12 @@ class _Job:
     batch: RewardInput
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Tensor] | None = None
-    error: str | None = None
+    error: ScoreError | None = None
 
 
 class Batcher:
-    """One worker thread scoring queued requests; jobs with equal pixel shapes are merged up to max_batch."""
+    """One worker thread scoring queued requests; jobs with equal pixel shapes are merged up to max_batch.
+    When a merged call fails, each request is scored alone, so a bad request fails only itself."""
 
     def __init__(self, reward, max_batch: int = 64, wait_s: float = 0.005):
         self.reward, self.max_batch, self.wait_s = reward, max_batch, wait_s
@@ -49,9 +106,9 @@ class Batcher:
         job = _Job(batch)
         self.jobs.put(job)
         if not job.done.wait(timeout):
-            raise TimeoutError("reward did not answer in time")
+            raise ScoreError(503, f"the reward did not answer within {timeout} s")
         if job.error is not None:
-            raise RuntimeError(job.error)
+            raise job.error
         return job.result
 
     def _gather(self, first: _Job) -> list[_Job]:
@@ -71,26 +128,32 @@ class Batcher:
             self.jobs.put(job)
         return group
 
+    def _score(self, group: list[_Job]) -> None:
+        merged = RewardInput(
+            pixels=torch.cat([j.batch.pixels for j in group]),
+            prompts=[p for j in group for p in j.batch.prompts],
+            group_ids=torch.cat([j.batch.group_ids for j in group]),
+            meta=[m for j in group for m in (j.batch.meta or [{}] * len(j.batch))],
+        )
+        out, start = self.reward(merged), 0
+        for j in group:
+            j.result = {k: v[start:start + len(j.batch)] for k, v in out.items()}
+            start += len(j.batch)
+
     def _run(self) -> None:
-        while True:
-            first = self.jobs.get()
-            if first is None:
-                return
+        while (first := self.jobs.get()) is not None:
             group = self._gather(first)
-            merged = RewardInput(
-                pixels=torch.cat([j.batch.pixels for j in group]),
-                prompts=[p for j in group for p in j.batch.prompts],
-                group_ids=torch.cat([j.batch.group_ids for j in group]),
-                meta=[m for j in group for m in (j.batch.meta or [{}] * len(j.batch))],
-            )
             try:
-                out, start = self.reward(merged), 0
+                self._score(group)
+            except Exception as e:  # noqa: BLE001 - answered to the requests concerned as 422 / 500
                 for j in group:
-                    j.result = {k: v[start:start + len(j.batch)] for k, v in out.items()}
-                    start += len(j.batch)
-            except Exception as e:  # noqa: BLE001 - reported to each waiting request as a 500
-                for j in group:
-                    j.error = f"{type(e).__name__}: {e}"
+                    try:
+                        if len(group) > 1:
+                            self._score([j])
+                        else:
+                            j.error = score_error(e)
+                    except Exception as alone:  # noqa: BLE001
+                        j.error = score_error(alone)
             for j in group:
                 j.done.set()
 
@@ -98,18 +161,144 @@ class Batcher:
         self.jobs.put(None)
 
 
-def _handler(name: str, batcher: Batcher, token: str, max_bytes: int, timeout_s: float):
+class _DeadlineReader(io.RawIOBase):
+    """Raw reader of a connection's socket that enforces the idle and whole-request timeouts, and reports end of
+    stream when the connection has no request under way, has idled ``yield_idle_s`` and others wait for a worker
+    (so idle keep-alive and half-open connections give their worker up)."""
+
+    def __init__(self, sock: socket.socket, limits: ServerLimits, others_waiting):
+        self.sock, self.limits, self.others_waiting = sock, limits, others_waiting
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        self.start()
+
+    def start(self) -> None:
+        """A new request may begin: its whole-request deadline starts now."""
+        self.began = time.monotonic()
+        self.deadline, self.received, self.timed_out = self.began + self.limits.read_timeout_s, 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def _wait(self) -> bool:
+        """True once the socket has data; False to give the worker up; TimeoutError past a timeout."""
+        idle_until = time.monotonic() + self.limits.idle_timeout_s
+        while True:
+            now = time.monotonic()
+            if not self.received and now - self.began >= self.limits.yield_idle_s and self.others_waiting():
+                return False
+            until = min(idle_until, self.deadline)
+            if now >= until:
+                self.timed_out = True
+                raise TimeoutError("no data within the idle timeout or the request deadline")
+            slice_s = min(until - now, 0.05) if not self.received else until - now
+            if self.poller.poll(slice_s * 1000):
+                return True
+
+    def readinto(self, buf) -> int:
+        if not self._wait():
+            return 0
+        n = self.sock.recv_into(buf)
+        self.received += n
+        return n
+
+
+class _PooledHTTPServer(HTTPServer):
+    """HTTPServer whose connections are served by ``workers`` threads from a bounded queue; a connection that
+    finds the queue full gets an immediate 503 (``Retry-After: 1``)."""
+
+    def __init__(self, address, handler, limits: ServerLimits):
+        self.request_queue_size = limits.backlog  # listen(backlog); socketserver's default is 5
+        super().__init__(address, handler)
+        self.pending: queue.Queue = queue.Queue()  # bounded in process_request, so stop() can always enqueue
+        self.max_pending = limits.pending
+        self.workers = [threading.Thread(target=self._work, daemon=True, name=f"reward-http-{i}")
+                        for i in range(limits.workers)]
+        for t in self.workers:
+            t.start()
+
+    def process_request(self, request, client_address) -> None:
+        if self.pending.qsize() < self.max_pending:  # the accept loop is the only producer: no race
+            self.pending.put((request, client_address))
+        else:
+            body = json.dumps({"error": "server busy: every worker is serving and the queue is full"}).encode()
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while (item := self.pending.get()) is not None:
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - one connection's failure must not kill the worker
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, (ConnectionError, TimeoutError)):  # a peer hanging up is not news
+            print(f"reward server: {client_address}: {type(err).__name__}: {err}", file=sys.stderr)
+
+    def server_close(self) -> None:
+        super().server_close()
+        while True:
+            try:
+                item = self.pending.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                self.shutdown_request(item[0])
+        for _ in self.workers:
+            self.pending.put(None)
+
+
+def _handler(name: str, batcher: Batcher, token: str, limits: ServerLimits, accepts: tuple[str, ...]):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = limits.idle_timeout_s
+
+        def setup(self):
+            super().setup()
+            self.rfile.close()
+            self.reader = _DeadlineReader(self.connection, limits, lambda: self.server.pending.qsize() > 0)
+            self.rfile = io.BufferedReader(self.reader)
+            self.replied, self.linger = False, False
+            self.requestline, self.request_version = "", "HTTP/1.1"  # for a reply before any request line
+
+        def handle_one_request(self):
+            self.reader.start()
+            self.replied = False
+            super().handle_one_request()
+            if self.reader.timed_out and self.reader.received and not self.replied:
+                self._error(408, f"request not received within the timeouts (idle {limits.idle_timeout_s} s, "
+                                 f"whole request {limits.read_timeout_s} s)", close=True)
+
+        def finish(self):
+            super().finish()
+            if self.linger:  # let the client finish sending, so it reads our reply instead of a reset
+                _drain(self.connection, limits.linger_s, limits.max_bytes)
 
         def log_message(self, fmt, *args):  # quiet by default; errors still reach the client
             pass
 
         def _send(self, code: int, body: bytes, close: bool = False) -> None:
+            self.connection.settimeout(limits.idle_timeout_s)
+            self.replied = True
+            if not self.request_version.startswith("HTTP/1."):  # garbage parsed as HTTP/0.9 still gets a status
+                self.request_version = "HTTP/1.1"
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
-            if close:
+            if code == 405:
+                self.send_header("Allow", "GET, POST")
+            if close or self.server.pending.qsize():  # keep-alive only while no connection waits for a worker
                 self.send_header("Connection", "close")
                 self.close_connection = True
             self.end_headers()
@@ -118,53 +307,106 @@ def _handler(name: str, batcher: Batcher, token: str, max_bytes: int, timeout_s:
         def _error(self, code: int, reason: str, close: bool = False) -> None:
             self._send(code, json.dumps({"error": reason, "reward": name}).encode(), close)
 
+        def _refuse(self, code: int, reason: str) -> None:
+            """An error before the body was read: reply, close, and drain what the client still sends."""
+            self.linger = True
+            self._error(code, reason, close=True)
+
+        def send_error(self, code, message=None, explain=None):  # http.server's own parse errors, as JSON
+            if code == HTTPStatus.NOT_IMPLEMENTED:
+                code, message = 405, f"method {self.command!r} not allowed; use POST /score or GET /health"
+            self._refuse(int(code), message or HTTPStatus(code).phrase)
+
         def do_GET(self):
             if self.path == "/health":
                 self._send(200, json.dumps({"reward": name, "ok": True}).encode())
             else:
-                self._error(404, f"unknown path {self.path!r}; use POST /score or GET /health")
+                self._refuse(404, f"unknown path {self.path!r}; use POST /score or GET /health")
 
-        def do_POST(self):
+        def _content_length(self) -> int | None:
+            values = self.headers.get_all("Content-Length") or []
+            if not values:
+                return self._refuse(411, "Content-Length header required")
+            if len(set(values)) > 1 or not (values[0].isascii() and values[0].strip().isdigit()):
+                return self._refuse(400, f"Content-Length must be one non-negative decimal integer, got {values}")
+            length = int(values[0])
+            if length > limits.max_bytes:
+                return self._refuse(413, f"body of {length} bytes exceeds the limit of {limits.max_bytes}")
+            return length
+
+        def _read_body(self, length: int) -> bytes | None:
+            try:
+                body = self.rfile.read(length)
+            except TimeoutError:
+                got = self.reader.received
+                return self._error(408, f"body not received in time ({got} bytes of headers and body read; "
+                                        f"idle {limits.idle_timeout_s} s, request {limits.read_timeout_s} s)",
+                                   close=True)
+            if len(body) < length:
+                return self._error(400, f"body ended after {len(body)} of {length} bytes", close=True)
+            return body
+
+        def _score(self) -> None:
             if self.path != "/score":
-                return self._error(404, f"unknown path {self.path!r}; use POST /score", close=True)
+                return self._refuse(404, f"unknown path {self.path!r}; use POST /score")
             auth = self.headers.get("Authorization", "")
             if not hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
-                return self._error(401, "missing or wrong token (header 'Authorization: Bearer <token>')",
-                                   close=True)
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                return self._error(411, "Content-Length header required", close=True)
-            if int(length) > max_bytes:
-                return self._error(413, f"body of {int(length)} bytes exceeds the limit of {max_bytes}",
-                                   close=True)
+                return self._refuse(401, "missing or wrong token (header 'Authorization: Bearer <token>')")
+            if (length := self._content_length()) is None or (body := self._read_body(length)) is None:
+                return None
             try:
-                batch = decode_request(self.rfile.read(int(length)), max_unpacked=4 * max_bytes)
-                check_input(batch, name)
+                batch = decode_request(body, max_unpacked=limits.max_unpacked_bytes)
+                check_input(batch, name, accepts)
+                scores = batcher.score(batch, timeout=limits.score_timeout_s)
+            except WireTooLarge as e:
+                return self._error(413, str(e))
             except (WireError, RewardError) as e:
                 return self._error(400, str(e))
-            try:
-                scores = batcher.score(batch, timeout=timeout_s)
-            except TimeoutError as e:
-                return self._error(503, str(e))
-            except RuntimeError as e:
-                return self._error(500, str(e))
+            except ScoreError as e:
+                return self._error(e.status, e.reason)
             self._send(200, encode_scores(name, scores))
+
+        def do_POST(self):
+            try:
+                self._score()
+            except (ConnectionError, TimeoutError):  # the client left or stalled while we answered
+                self.close_connection = True
+            except Exception as e:
+                if self.replied:
+                    raise
+                self._error(500, f"server error: {type(e).__name__}: {e}", close=True)
 
     return Handler
 
 
+def _drain(sock: socket.socket, seconds: float, max_bytes: int) -> None:
+    """Half-close ``sock`` and read and drop what the peer still sends, for at most ``seconds``/``max_bytes``."""
+    deadline, got = time.monotonic() + seconds, 0
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while got < max_bytes and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                return
+            got += len(chunk)
+    except OSError:
+        pass
+
+
 class RewardServer:
-    """A reward behind a ThreadingHTTPServer on ``host:port`` (port 0 = any free port); ``url`` once started."""
+    """A reward behind a pooled HTTP server on ``host:port`` (port 0 = any free port); ``url`` once started."""
 
     def __init__(self, reward, token: str, name: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                 max_bytes: int = 256 << 20, max_batch: int = 64, timeout_s: float = 600.0):
+                 max_batch: int = 64, limits: ServerLimits | None = None):
         if not token:
             raise ValueError("a reward server needs a token; pass one or set FLOWRL_REWARD_TOKEN")
         self.name = name or getattr(reward, "name", "reward")
+        self.limits = limits or ServerLimits()
         self.batcher = Batcher(reward, max_batch=max_batch)
-        handler = _handler(self.name, self.batcher, token, max_bytes, timeout_s)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        accepts = tuple(getattr(reward, "accepts", ("image", "video")))
+        handler = _handler(self.name, self.batcher, token, self.limits, accepts)
+        self.httpd = _PooledHTTPServer((host, port), handler, self.limits)
         self._thread: threading.Thread | None = None
 
     @property
@@ -185,9 +427,8 @@ class RewardServer:
         self.batcher.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    from rewards.build import build_reward
-
+def _parser() -> argparse.ArgumentParser:
+    d = ServerLimits()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reward", required=True, help="registered name or module:attr")
     p.add_argument("--kwargs", default="{}", help="JSON options for the reward's Config")
@@ -198,19 +439,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=18085)
     p.add_argument("--token", default=os.environ.get("FLOWRL_REWARD_TOKEN"))
-    p.add_argument("--max-mb", type=float, default=256)
-    a = p.parse_args(argv)
+    p.add_argument("--max-mb", type=float, default=d.max_bytes / (1 << 20), help="request body limit")
+    p.add_argument("--max-unpacked-mb", type=float, default=None, help="unpacked arrays limit (default --max-mb)")
+    p.add_argument("--workers", type=int, default=d.workers, help="threads serving connections")
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds per read/write")
+    p.add_argument("--read-timeout", type=float, default=d.read_timeout_s, help="seconds per whole request")
+    p.add_argument("--score-timeout", type=float, default=d.score_timeout_s, help="seconds for the reward")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from rewards.build import build_reward
+
+    a = _parser().parse_args(argv)
     token = a.token or secrets.token_urlsafe(24)
     if not a.token:
         print(f"FLOWRL_REWARD_TOKEN={token}", flush=True)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {a.host}, reachable beyond this machine; keep the token secret",
               file=sys.stderr)
+    unpacked = None if a.max_unpacked_mb is None else int(a.max_unpacked_mb * (1 << 20))
+    limits = ServerLimits(max_bytes=int(a.max_mb * (1 << 20)), max_unpacked_bytes=unpacked, workers=a.workers,
+                          idle_timeout_s=a.idle_timeout, read_timeout_s=a.read_timeout,
+                          score_timeout_s=a.score_timeout)
     reward = build_reward(a.reward, json.loads(a.kwargs), device=a.device, dtype=getattr(torch, a.dtype),
                           batch_size=a.batch_size)
     reward.setup()
-    server = RewardServer(reward, token, name=a.reward, host=a.host, port=a.port,
-                          max_bytes=int(a.max_mb * (1 << 20)), max_batch=a.max_batch)
+    server = RewardServer(reward, token, name=a.reward, host=a.host, port=a.port, max_batch=a.max_batch,
+                          limits=limits)
     print(f"serving reward {a.reward!r} at {server.url}/score", flush=True)
     try:
         server.httpd.serve_forever()

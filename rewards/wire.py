@@ -6,7 +6,9 @@ read back with ``allow_pickle=False``) holding
     group_ids  int64 (B,)
     info       uint8 bytes of UTF-8 JSON {"prompts": [B str], "meta": [B dict] or []}
 Reply ``200`` JSON ``{"reward": name, "scores": {"score": [B], "<aspect>": [B]}}`` (NaN sent as null), or
-``4xx/5xx`` JSON ``{"error": reason}``.
+``4xx/5xx`` JSON ``{"error": reason}``.  Arrays are read member by member from their .npy headers, with a cap on
+the bytes they unpack to (``decode_request(max_unpacked=...)``), so compressed members (``numpy.savez_compressed``)
+are accepted but cannot inflate past the cap.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import zipfile
 
 import numpy as np
 import torch
+from numpy.lib import format as npformat
 from torch import Tensor
 
 from rewards.base import RewardInput
@@ -26,6 +29,10 @@ CONTENT_TYPE = "application/x-npz"
 
 class WireError(ValueError):
     """A request body that does not follow the format; the message is sent back with a 400."""
+
+
+class WireTooLarge(WireError):
+    """A request body whose arrays would unpack to more bytes than allowed; the server answers 413."""
 
 
 def encode_request(batch: RewardInput, pixel_format: str = "uint8") -> bytes:
@@ -44,26 +51,60 @@ def encode_request(batch: RewardInput, pixel_format: str = "uint8") -> bytes:
     return buf.getvalue()
 
 
-def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
-    """Parse and validate an .npz body into a ``RewardInput`` (pixels float32 in [0, 1]); WireError if bad.
-    Members that would unpack to more than ``max_unpacked`` bytes in total (a compressed "zip bomb") are refused."""
+def _read_member(zf: zipfile.ZipFile, name: str, budget: int) -> tuple[np.ndarray, int]:
+    """Array ``name`` of the archive and its size in bytes, refused before decompression when its .npy header
+    asks for more than ``budget`` bytes; reads (and so inflates) at most that many bytes."""
+    try:
+        info = zf.getinfo(f"{name}.npy")
+    except KeyError:
+        raise WireError(f"body lacks array {name!r}") from None
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise WireError(f"array {name!r} must be stored or deflated (numpy.savez / savez_compressed), "
+                        f"got zip compression type {info.compress_type}")
+    with zf.open(info) as f:
+        version = npformat.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise WireError(f"array {name!r}: .npy format version {version} is not supported (1.0 or 2.0)")
+        read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+        if any(d < 0 for d in shape):
+            raise WireError(f"array {name!r} has a negative dimension in its shape {shape}")
+        if dtype.hasobject:
+            raise WireError(f"array {name!r} holds Python objects; only plain numeric arrays are accepted")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > budget:
+            raise WireTooLarge(f"array {name!r} {tuple(shape)} {dtype} unpacks to {nbytes} bytes, over the "
+                               f"{budget} left of the limit on unpacked bytes")
+        data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise WireError(f"array {name!r} is truncated: {len(data)} of {nbytes} bytes")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C"), nbytes
+
+
+def _unpack(body: bytes, max_unpacked: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pixels, group_ids, info) arrays of an .npz body, at most ``max_unpacked`` bytes of them in total."""
+    left, arrays = max_unpacked, []
     try:
         with zipfile.ZipFile(io.BytesIO(body)) as zf:
-            unpacked = sum(i.file_size for i in zf.infolist())
-    except zipfile.BadZipFile as e:
-        raise WireError(f"body is not a valid .npz (zip) archive: {e}") from e
-    if unpacked > max_unpacked:
-        raise WireError(f"body unpacks to {unpacked} bytes, over the limit of {max_unpacked}")
-    try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as z:
-            missing = {"pixels", "group_ids", "info"} - set(z.files)
-            if missing:
-                raise WireError(f"body lacks array(s) {sorted(missing)}")
-            pixels, group_ids, info = z["pixels"], z["group_ids"], z["info"]
+            for name in ("pixels", "group_ids", "info"):
+                arr, nbytes = _read_member(zf, name, left)
+                arrays.append(arr)
+                left -= nbytes
     except WireError:
         raise
-    except Exception as e:  # not a zip, a pickled object, truncated data...
+    except Exception as e:  # not a zip, a bad .npy header, a corrupt deflate stream...
         raise WireError(f"body is not a valid .npz of plain arrays: {type(e).__name__}: {e}") from e
+    return tuple(arrays)
+
+
+def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
+    """Parse and validate an .npz body into a ``RewardInput`` (pixels float32 in [0, 1]); WireError if bad.
+
+    Decompression is bounded: each array's .npy header is read first and the arrays may hold at most
+    ``max_unpacked`` bytes together (else ``WireTooLarge``), so a small compressed "zip bomb" is refused
+    before it is inflated; only stored or deflated members are read, and never more bytes than their header
+    declares."""
+    pixels, group_ids, info = _unpack(body, max_unpacked)
     if pixels.dtype == np.uint8:
         px = torch.from_numpy(pixels.astype(np.float32) / 255.0)
     elif pixels.dtype in (np.float16, np.float32):
