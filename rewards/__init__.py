@@ -24,6 +24,11 @@ REWARDS = Registry(
         "shapes_color": "rewards.shapes:ColorReward",
         "shapes_position": "rewards.shapes:PositionReward",
         "shapes_clean": "rewards.shapes:CleanBackgroundReward",
+        "shapes_count_only": "rewards.shapes_sets:CountOnlyReward",
+        "shapes_position_only": "rewards.shapes_sets:PositionOnlyReward",
+        "shapes_color_only": "rewards.shapes_sets:ColorOnlyReward",
+        "shapes_ink_budget": "rewards.shapes_sets:InkBudgetReward",
+        "shapes_centering": "rewards.shapes_sets:CenteringReward",
     },
     entry_point_group="flowrl.rewards",
 )
