@@ -191,7 +191,10 @@ class _DeadlineReader(io.RawIOBase):
             if now >= until:
                 self.timed_out = True
                 raise TimeoutError("no data within the idle timeout or the request deadline")
-            slice_s = min(until - now, 0.05) if not self.received else until - now
+            if self.received:  # mid-request: wait for data until a timeout
+                slice_s = until - now
+            else:  # between requests: look at the queue every 50 ms once yield_idle_s has passed
+                slice_s = min(until, max(self.began + self.limits.yield_idle_s, now + 0.05)) - now
             if self.poller.poll(slice_s * 1000):
                 return True
 
