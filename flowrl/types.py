@@ -131,6 +131,11 @@ class RolloutResult:
     x0_pred: Tensor | None = None
     nfe: int = 0
 
+    def select(self, idx: Tensor) -> RolloutResult:
+        """Rows ``idx`` (sample axis) of the latents, trajectory and x̂0; the schedule and NFE are shared."""
+        return RolloutResult(self.latents[idx], self.sigmas, None if self.traj is None else self.traj.select(idx),
+                             None if self.x0_pred is None else self.x0_pred[idx], self.nfe)
+
 
 @dataclass(frozen=True)
 class RewardInput:

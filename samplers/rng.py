@@ -17,21 +17,33 @@ import torch
 from torch import Tensor
 
 
+def derived_seed(*parts, namespace: str = "flowrl") -> int:
+    """A 63-bit seed from a tuple: int.from_bytes(sha256("namespace|p1|p2|…")[:8], "little") mod 2⁶³. The one
+    seed derivation of the project (samples, training draws, windows, Gram micro-batches)."""
+    digest = hashlib.sha256("|".join(map(str, (namespace, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (1 << 63)
+
+
+def derived_generator(*parts, namespace: str = "flowrl", device: torch.device | str = "cpu") -> torch.Generator:
+    """A fresh ``torch.Generator`` seeded with :func:`derived_seed` of ``parts``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(derived_seed(*parts, namespace=namespace))
+    return g
+
+
 def sample_seed(seed: int, iteration: int, prompt_idx: int, sample_idx: int) -> int:
     """The 63-bit seed of one sample (hash in the module docstring)."""
     for name, val in (("seed", seed), ("iteration", iteration), ("prompt_idx", prompt_idx), ("sample_idx", sample_idx)):
         if not isinstance(val, int) or isinstance(val, bool):
             raise TypeError(f"sample_seed: {name} must be an int, got {type(val).__name__}")
-    digest = hashlib.sha256(f"flowrl|{seed}|{iteration}|{prompt_idx}|{sample_idx}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (1 << 63)
+    return derived_seed(seed, iteration, prompt_idx, sample_idx)
 
 
 def sample_generator(seed: int, iteration: int, prompt_idx: int, sample_idx: int,
                      device: torch.device | str = "cpu") -> torch.Generator:
     """A fresh ``torch.Generator`` on ``device`` seeded with :func:`sample_seed`."""
-    g = torch.Generator(device=device)
-    g.manual_seed(sample_seed(seed, iteration, prompt_idx, sample_idx))
-    return g
+    sample_seed(seed, iteration, prompt_idx, sample_idx)      # type checks
+    return derived_generator(seed, iteration, prompt_idx, sample_idx, device=device)
 
 
 def group_generators(seed: int, iteration: int, prompt_indices: Sequence[int], samples_per_prompt: int,

@@ -53,7 +53,7 @@ def density_weights(pi: Tensor, w_max: float) -> Tensor:
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     if cfg.variant not in ("asym", "sym"):
         raise ValueError(f"dara variant must be 'asym' or 'sym', got {cfg.variant!r}")

@@ -52,7 +52,7 @@ def masked_whiten(x: Tensor, keep: Tensor, shift_mean: bool = True) -> Tensor:
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights).double()
     a = torch.nan_to_num(per_reward_advantages(R, group_ids, std="group", eps=cfg.eps,

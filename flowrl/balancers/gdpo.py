@@ -31,7 +31,7 @@ def decoupled_sum(R: Tensor, group_ids: Tensor, w: Tensor, cfg: Config) -> Tenso
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights)
     S = decoupled_sum(R, group_ids, w, cfg)

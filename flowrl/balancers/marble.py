@@ -2,8 +2,9 @@
 aim-uofa/MARBLE@1bf9543 train.py "Amortized MGDA", pre-release snapshot).
 
 Per-reward advantages A_k = (R_k − mean_prompt R_k) / (std_all_valid R_k + 1e-4), NaN where inapplicable.
-Given the K×K Gram matrix of per-reward loss gradients G_kl = g_k·g_l (from the trainer: K extra backward
-passes every ``solve_every`` calls, or ``proxy_gram``), with cosine normalisation M_kl = G_kl/(|g_k||g_l|):
+Given the K×K Gram matrix of per-reward loss gradients G_kl = g_k·g_l (asked of the loop through
+``services.reward_gram(A_k)`` every ``solve_every`` calls: K extra backward passes; or ``proxy_gram``), with
+cosine normalisation M_kl = G_kl/(|g_k||g_l|):
 
     α_new = argmin_{α∈Δ_K, α≥floor} ½ αᵀMα           (``min_norm.solve_min_norm``)
     α ← ρ·α + (1−ρ)·α_new                            (EMA, ρ = alpha_ema_decay = 0.7; first solve: α = α_new)
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
 from flowrl.balancers.min_norm import solve_min_norm
+from flowrl.balancers.services import NoServices
 
 
 @dataclass
@@ -105,12 +107,15 @@ def solve_alpha(gram: Tensor, cfg: Config) -> Tensor:
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None, gram: Tensor | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     state = {} if state is None else state
     w = check_inputs(R, group_ids, weights).double()
     K = R.shape[1]
-    if gram is not None:
+    A_k = per_reward_advantages(R, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
+    gram = None
+    if needs_gram(state, cfg):
+        gram = (services or NoServices()).reward_gram(A_k).detach().cpu().double()
         if gram.shape != (K, K):
             raise ValueError(f"gram must be ({K}, {K}) for {K} rewards, got {tuple(gram.shape)}")
         new = solve_alpha(gram, cfg)
@@ -122,7 +127,6 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     alpha = state.get("alpha", torch.full((K,), 1.0 / K, dtype=torch.float64))
     mixed = alpha * w
     mixed = mixed / mixed.sum()
-    A_k = per_reward_advantages(R, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
     adv = (torch.nan_to_num(A_k.double(), nan=0.0) * mixed).sum(dim=1).to(R.dtype)
     adv = torch.where(any_finite(R), adv, torch.full_like(adv, float("nan")))
     diag = {f"alpha_{k}": mixed[k].float() for k in range(K)}

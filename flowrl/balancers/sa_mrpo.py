@@ -44,7 +44,7 @@ def saturation(R: Tensor, cfg: Config) -> Tensor:
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights).double()
     for name in ("reward_min", "reward_max"):

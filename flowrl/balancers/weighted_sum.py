@@ -25,7 +25,7 @@ class Config:
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
-            cfg: Config | None = None) -> tuple[Tensor, dict]:
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights)
     S = torch.where(torch.isfinite(R), R * w, torch.zeros_like(R)).sum(dim=1)

@@ -66,6 +66,19 @@ def plugin_field(registry: str, default: str | None, common: type | None = None)
     return field(default=None, metadata={"registry": registry, "default_kind": default, "common": common})
 
 
+def nested_plugin(registry: str, default: str) -> Any:
+    """A tagged section inside a plugin's own Config (e.g. an objective's ``timesteps: {kind: permuted}``):
+    like ``plugin_field`` but with a usable default, ``Plugin(default, its Config())``, when the Config is built
+    in Python rather than from YAML."""
+
+    def make() -> Plugin:
+        reg = resolve_registry(registry)
+        cls = plugin_config_class(reg.get(default))
+        return Plugin(default, cls() if cls is not None else None)
+
+    return field(default_factory=make, metadata={"registry": registry, "default_kind": default, "common": None})
+
+
 class Source:
     """Where each dotted key came from: the YAML file, or a command-line override."""
 

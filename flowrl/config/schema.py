@@ -67,6 +67,8 @@ class SamplerSection:
     height: int = 512
     width: int = 512
     num_frames: int | None = None     # video policies only
+    log_prob_reduce: Literal["mean", "sum"] = "mean"   # over latent elements (the anchors' mean); GRPO re-scores
+                                                      # its stored steps with the same reduction
 
 
 def build_rewards(data: Any, where: str, source: Source | None) -> dict:
@@ -104,10 +106,10 @@ def build_rewards(data: Any, where: str, source: Source | None) -> dict:
 @dataclass
 class AdvantageSection:
     """Rewards R (N, K) → advantages (N,) by the tagged ``balancer`` (its Config holds the std mode: Flow-GRPO's
-    A = (r − mean_group r) / (std + 1e-4), std over the batch or the group, ref A §2.6), then |A| ≤ clip."""
+    A = (r − mean_group r) / (std + 1e-4), std over the batch or the group, ref A §2.6). The clip |A| ≤ C is the
+    objective's (``objective.adv_clip_max``), as in every anchor."""
 
     balancer: Any = plugin_field(BALANCERS, "weighted_sum")
-    clip: float | None = 5.0          # Flow-GRPO / NFT adv_clip_max
 
 
 @dataclass
@@ -123,12 +125,8 @@ class TrainSection:
     weight_decay: float = 1.0e-4
     eps: float = 1.0e-8
     max_grad_norm: float = 1.0
-    old_update: Literal["on_policy", "nft", "nft_ocr", "marble", "awm"] = "on_policy"  # π_old decay (ref B §1.6)
-    timesteps: Literal["permuted", "decoupled", "stratified"] = "permuted"  # forward-process objectives' σ
-    timestep_fraction: float = 0.99   # share of the schedule trained (NFT 0.99; VideoAWR decoupled 0.51)
     ema_decay: float | None = 0.9     # eval EMA of the trainable weights (None: off); warm-up min((1+s)/(10+s), d)
     ema_every: int = 8                # optimizer steps between EMA updates (Flow-GRPO 8; NFT 1)
-    gradient_checkpointing: bool = False
     max_skipped: int = 10             # stop after this many consecutive non-finite updates
 
     def __post_init__(self):

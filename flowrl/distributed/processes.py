@@ -82,6 +82,13 @@ class Dist:
             return module, optimizer
         return self.accelerator.prepare(module, optimizer)
 
+    def backward(self, loss: Tensor) -> None:
+        """``loss.backward()`` through accelerate when present (gradient scaling under fp16)."""
+        if self.accelerator is not None:
+            self.accelerator.backward(loss)
+        else:
+            loss.backward()
+
     def autocast(self):
         """Mixed-precision context for model forwards (no-op in fp32)."""
         return self.accelerator.autocast() if self.accelerator else nullcontext()

@@ -1,8 +1,15 @@
 """RL objectives: ``loss(policy, batch: TrainBatch, cfg: Config) -> LossOut``, one file each.
 
-Each module exposes ``Config`` (anchor defaults), ``NEEDS`` ("trajectory": the rollout must store its SDE
-steps; "x0": only the clean latents), ``loss`` and ``prepare_advantages(adv, group_ids, cfg)`` (called by the
-trainer on the whole set of rollouts before micro-batching; identity except AWR's energies).
+Each module describes what it needs from the loop (DESIGN "plugins describe what they need"):
+
+- ``Config``: the anchor's published defaults, including the loop-facing settings: ``adv_clip_max`` (the one
+  advantage clip), ``old_update`` (the sampling adapter's decay schedule, ``old_policy``) and, for
+  forward-process objectives, ``timesteps`` (which σ's to train, ``timesteps``);
+- ``TRAINS_ON``: a sample source (``sources.TRAJECTORY_ROWS`` or ``sources.FORWARD_PROCESS``) that checks the
+  rollout kernel and turns a micro-batch of rollouts into ``TrainBatch``es;
+- ``loss(policy, batch, cfg) -> LossOut``;
+- optionally ``prepare_advantages(adv, group_ids, cfg)`` (called on the whole set of rollouts before
+  micro-batching; identity unless defined, AWR's energies).
 
     grpo  Flow-GRPO / DanceGRPO PPO-clip on stored SDE transitions (+ KL to the base)
     nft   DiffusionNFT (implicit positive / negative velocities)
@@ -10,7 +17,7 @@ trainer on the whole set of rollouts before micro-batching; identity except AWR'
     awm   AWM, advantage-weighted matching (on-policy limit of the rectified regression)
 
 nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5). ``get_objective(name)`` returns
-the module's parts as an ``ObjectiveSpec``.
+the module's parts as an ``ObjectiveSpec``; a new objective is one file with these names.
 """
 from __future__ import annotations
 
@@ -39,19 +46,31 @@ class ObjectiveSpec:
     name: str
     loss: Callable[..., Any]
     Config: type
-    NEEDS: str
+    TRAINS_ON: Any                       # sources.TrajectoryRows | sources.ForwardProcess (or any with .batches)
     prepare_advantages: Callable[..., Any]
+
+    def old_decay(self, cfg: Any, step: int) -> float:
+        """η of the sampling adapter at optimizer step ``step``: old ← η·old + (1 − η)·train (``cfg.old_update``)."""
+        from flowrl.objectives.old_policy import decay
+
+        return decay(cfg.old_update, step)
+
+
+def _identity(adv, group_ids, cfg=None):
+    return adv
 
 
 def get_objective(name: str) -> ObjectiveSpec:
-    """loss, Config, NEEDS and prepare_advantages of the objective ``name`` (or ``module:loss``)."""
+    """loss, Config, TRAINS_ON and prepare_advantages of the objective ``name`` (or ``module:loss``)."""
     fn = OBJECTIVES.get(name)
     mod = sys.modules[fn.__module__]
-    for attr in ("Config", "NEEDS"):
+    for attr in ("Config", "TRAINS_ON"):
         if not hasattr(mod, attr):
             raise TypeError(f"objective {name!r}: module {mod.__name__} must define {attr}")
-    prep = getattr(mod, "prepare_advantages", lambda adv, group_ids, cfg=None: adv)
-    return ObjectiveSpec(name, fn, mod.Config, mod.NEEDS, prep)
+    if "old_update" not in getattr(mod.Config, "__dataclass_fields__", {}):
+        raise TypeError(f"objective {name!r}: its Config must have an old_update field (see old_policy.SCHEDULES)")
+    prep = getattr(mod, "prepare_advantages", _identity)
+    return ObjectiveSpec(name, fn, mod.Config, mod.TRAINS_ON, prep)
 
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "TrainBatch", "get_objective"]

@@ -12,20 +12,25 @@ Here the policy term is computed by the shared rectified regression with v_old =
 λ = sg(ρ'(m)), whose gradient is exactly A'·∇ρ(m) (the value differs from the PPO form's −A', which carries no
 information). The AWM "ema" anchor is a slow copy of the trained weights; here it is the "old" adapter,
 soft-updated with ``old_policy.awm_decay`` (η = min(0.001·step, 0.3)). Rollouts use the current policy.
-Timesteps: 6 per sample, stratified over the schedule (``timesteps.stratified``).
+Timesteps: 6 per micro-batch, stratified over the schedule (``timesteps: {kind: stratified, count: 6}``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import flow_target, forward_noise, mean_elems, rectified_regression
+from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.types import LossOut
 
-NEEDS = "x0"
+TRAINS_ON = FORWARD_PROCESS
+TIMESTEPS = "flowrl.objectives.timesteps:TIMESTEPS"
 WEIGHTINGS = ("ghuber", "uniform", "t", "t2")
 
 
@@ -38,8 +43,11 @@ class Config:
     beta_ref: float = 1e-3         # GenEval (OCR 3e-3, PickScore 1e-4)
     ema_beta: float = 1.0          # pull toward the slow "old"/ema adapter
     train_guidance: float | None = 1.0
+    timesteps: Any = nested_plugin(TIMESTEPS, "stratified")   # 6 stratified σ's per micro-batch
+    old_update: OldUpdate = "awm"     # the slow "ema" anchor: η = min(0.001·step, 0.3)
 
     def __post_init__(self):
+        check_positive("awm", adv_clip_max=self.adv_clip_max)
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"awm weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
 
@@ -91,8 +99,3 @@ def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
             total = total + weight * reg
             metrics[name] = reg.detach()
     return LossOut(total, metrics)
-
-
-def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
-    """AWM uses the advantages as they are."""
-    return adv

@@ -10,19 +10,24 @@ Loss on the forward process of the stored x0 (x_t = (1−t)x0 + tε, v = ε − 
     w     = sg(mean|x̂0_θ − x0|) ∨ 1e-5     (uses x0, not x0_tgt)
     loss  = mean_B mean (x̂0_θ − x0_tgt)²/w + β_KL·mean|v_θ − v_ref|²
 i.e. the shared rectified regression with c = E, λ = t²/w. E = 0 regresses onto the rollout policy.
-VideoAWR: the old adapter samples WITH CFG (trainer) but the anchor v_old is unguided (``train_guidance=1.0``,
-``train.cfg=False``), and each rollout is trained at its own independently drawn σ
-(``timesteps.decoupled``: Decoupled Timestep Rectification). The group std of e is the population std
+FlowAWR (image) trains at per-sample permuted σ's like DiffusionNFT (``timesteps: permuted``) and samples from the
+soft-updated "old" adapter (``old_update: nft``, decay_type 1). VideoAWR: the old adapter samples WITH CFG
+(``sampler.guidance``) but the anchor v_old is unguided (``train_guidance=1.0``, ``train.cfg=False``), each rollout
+is trained at its own independently drawn σ (``timesteps: decoupled``, Decoupled Timestep Rectification), and the
+old adapter follows ``old_update: nft_ocr`` (decay_type 2). The group std of e is the population std
 (numpy, as the anchor's stat tracker) — an assumption where the source is not explicit.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import (
     flow_target,
     forward_noise,
@@ -31,9 +36,11 @@ from flowrl.objectives.regression import (
     x0_abs_weight,
     x0_prediction,
 )
+from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.types import LossOut
 
-NEEDS = "x0"
+TRAINS_ON = FORWARD_PROCESS
+TIMESTEPS = "flowrl.objectives.timesteps:TIMESTEPS"
 
 
 @dataclass
@@ -46,10 +53,11 @@ class Config:
     energy_max: float = 3.0
     train_guidance: float | None = 1.0   # unguided anchor and trainable forward
     min_weight: float = 1e-5
+    timesteps: Any = nested_plugin(TIMESTEPS, "permuted")   # FlowAWR; VideoAWR: {kind: decoupled}
+    old_update: OldUpdate = "nft"     # decay_type 1 (SD3); VideoAWR nft_ocr
 
     def __post_init__(self):
-        if self.temperature <= 0:
-            raise ValueError(f"awr temperature must be > 0, got {self.temperature}")
+        check_positive("awr", temperature=self.temperature, adv_clip_max=self.adv_clip_max)
 
 
 def group_energies(adv: Tensor, cfg: Config | None = None) -> Tensor:

@@ -26,8 +26,8 @@ class TrainBatch:
     steps:      GRPO: indices into traj's K axis trained in this call (one index = per-step training, several =
                 a window averaged in one call); None = all stored steps.
     guidance:   CFG scale the rollout used (GRPO trains with it unless its Config sets ``train_guidance``).
-    kernel, kernel_cfg: the sampler kernel name and Config instance the rollout used (GRPO); None → the
-                objective Config's ``kernel``/``kernel_kwargs``.
+    kernel, kernel_cfg, reduce: the step kernel (a ``samplers`` Kernel or its registry name), its Config instance
+                and the log-prob reduction the rollout used; GRPO re-scores the stored steps with exactly these.
     mask:       (B,) bool, samples that count (zero-std filtering, MC-GRPO's dropped median); None = all.
     generator:  torch.Generator for ``noise`` when it is None.
     """
@@ -40,8 +40,9 @@ class TrainBatch:
     traj: Trajectory | None = None
     steps: Sequence[int] | Tensor | None = None
     guidance: float | None = None
-    kernel: str | None = None
+    kernel: Any = None
     kernel_cfg: Any = None
+    reduce: str = "mean"
     mask: Tensor | None = None
     generator: torch.Generator | None = None
 

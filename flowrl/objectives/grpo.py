@@ -5,7 +5,7 @@ reference A §1.5, §2.6).
 For each trained stored step j of sample i (x_j → x_{j+1} stored, σ_j → σ_{j+1}):
     v_θ   = policy.velocity(x_j, σ_j, c, w)  under the "train" adapter (w = the rollout's CFG, or 1 for no-CFG)
     μ_θ, s = kernel.step(x_j, v_θ, σ_j, σ_{j+1}, x_next=x_{j+1})   — the SAME kernel and Config as the rollout
-    log π_θ = kernel.log_prob(x_{j+1}, μ_θ, s)                     — the sampler's reduction (mean over elements)
+    log π_θ = kernel.log_prob(x_{j+1}, μ_θ, s)                     — the rollout's reduction (mean over elements)
     r     = exp(log π_θ − log π_old),   A = clamp(A, −5, 5)
     L_clip = mean_i max(−A·r, −A·clip(r, 1−ε, 1+ε))                 (ε = clip_range = 1e-4)
     KL_j  = mean_i mean_elems(μ_θ − μ_ref)² / (2 g²)                (μ_ref: same step, adapters disabled)
@@ -14,54 +14,61 @@ KL forms: ``flow_grpo`` divides by 2g² with g the diffusion coefficient WITHOUT
 code, i.e. |dt|/D times the true KL; ``gaussian`` divides by 2s² (the per-element Gaussian KL); ``unscaled``
 drops the division (FlowCPS). β = 0.04 (Flow-GRPO SD3 GenEval/OCR; PickScore 0.01, FLUX and no-CFG configs 0;
 DanceGRPO has no KL). ``batch.steps`` chooses per-step (one index per call, Flow-GRPO's loop) or window
-training (several indices averaged in one call: MixGRPO).
+training (several indices averaged in one call: MixGRPO). The kernel, its Config and the log-prob reduction
+are the rollout's (``batch.kernel``, ``batch.kernel_cfg``, ``batch.reduce``; owned by ``sampler:``), never set
+here, so rollout and training log-probs always come from one function. GRPO trains on the stored trajectory
+(``TRAINS_ON``) and samples with the current weights (``old_update = on_policy``: old ← train every update).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import mean_elems
+from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.registry import import_string
 from flowrl.types import LossOut
 
-NEEDS = "trajectory"
+TRAINS_ON = TRAJECTORY_ROWS
 KL_FORMS = ("flow_grpo", "gaussian", "unscaled")
 
 
 @dataclass
 class Config:
     clip_range: float = 1e-4
-    adv_clip_max: float = 5.0
+    adv_clip_max: float = 5.0         # |A| ≤ 5 (adv_clip_max of every GRPO anchor)
     beta_kl: float = 0.04
-    kl_form: str = "flow_grpo"
-    kernel: str = "flow_sde"          # samplers.KERNELS name or "module:attr"; batch.kernel wins when set
-    kernel_kwargs: dict = field(default_factory=dict)
-    log_prob_reduce: str = "mean"     # must match the rollout's
+    kl_form: Literal["flow_grpo", "gaussian", "unscaled"] = "flow_grpo"
     train_guidance: float | None = None   # None → the rollout's guidance (batch.guidance); 1.0 → no-CFG training
+    old_update: OldUpdate = "on_policy"   # the sampling adapter follows the trained one after every iteration
 
     def __post_init__(self):
+        check_positive("grpo", clip_range=self.clip_range, adv_clip_max=self.adv_clip_max)
         if self.kl_form not in KL_FORMS:
             raise ValueError(f"grpo kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
-        if self.clip_range <= 0:
-            raise ValueError(f"grpo clip_range must be > 0, got {self.clip_range}")
+        if self.beta_kl < 0:
+            raise ValueError(f"grpo beta_kl must be >= 0, got {self.beta_kl}")
 
 
-def resolve_kernel(name: str) -> Any:
-    """The kernel bundle (``.step``, ``.log_prob``, ``.Config``) of ``samplers.KERNELS`` or a ``module:attr``."""
-    if ":" in name:
-        kernel = import_string(name)
-    else:
-        import samplers
+def resolve_kernel(kernel: Any) -> Any:
+    """The kernel bundle (``.step``, ``.log_prob``, ``.Config``): a Kernel, a ``samplers.KERNELS`` name or a
+    ``module:attr`` string."""
+    if isinstance(kernel, str):
+        name = kernel
+        if ":" in name:
+            kernel = import_string(name)
+        else:
+            import samplers
 
-        kernel = samplers.KERNELS.get(name)
+            kernel = samplers.KERNELS.get(name)
     for attr in ("step", "log_prob", "Config"):
         if not hasattr(kernel, attr):
-            raise TypeError(f"kernel {name!r} has no {attr!r}; a kernel bundle provides step, log_prob and Config")
+            raise TypeError(f"kernel {kernel!r} has no {attr!r}; a kernel bundle provides step, log_prob and Config")
     return kernel
 
 
@@ -82,12 +89,13 @@ def mean_kl(mean: Tensor, mean_ref: Tensor, std: Tensor, dt: Tensor, form: str) 
 
 
 def _step_terms(policy, batch: TrainBatch, j: int, kernel, kcfg, guidance, cfg: Config, adv: Tensor):
+    """Per-sample policy / ratio / KL terms of stored step j (module docstring)."""
     tr = batch.traj
     x, xn, s, sn = tr.x[:, j].float(), tr.x_next[:, j].float(), tr.sigma[:, j].float(), tr.sigma_next[:, j].float()
     with policy.adapter("train"):
         v = policy.velocity(x, s, batch.cond, guidance)
     out = kernel.step(x, v.float(), s, sn, x_next=xn, cfg=kcfg)
-    logp = kernel.log_prob(xn, out.mean, out.std, cfg.log_prob_reduce, kcfg)
+    logp = kernel.log_prob(xn, out.mean, out.std, batch.reduce, kcfg)
     log_ratio = logp - tr.log_prob[:, j].float()
     ratio = torch.exp(log_ratio)
     terms = {"policy": clipped_surrogate(adv, ratio, cfg.clip_range), "ratio": ratio.detach(),
@@ -103,8 +111,10 @@ def _step_terms(policy, batch: TrainBatch, j: int, kernel, kcfg, guidance, cfg: 
 def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     cfg = cfg or Config()
     batch.require("traj", objective="grpo")
-    kernel = resolve_kernel(batch.kernel or cfg.kernel)
-    kcfg = batch.kernel_cfg if batch.kernel_cfg is not None else kernel.Config(**cfg.kernel_kwargs)
+    if batch.kernel is None:
+        raise ValueError("grpo: TrainBatch.kernel is None; pass the rollout's step kernel (and kernel_cfg)")
+    kernel = resolve_kernel(batch.kernel)
+    kcfg = batch.kernel_cfg if batch.kernel_cfg is not None else kernel.Config()
     n_stored = batch.traj.x.shape[1]
     steps = list(range(n_stored)) if batch.steps is None else [int(j) for j in batch.steps]
     if not steps or max(steps) >= n_stored or min(steps) < -n_stored:
@@ -122,8 +132,3 @@ def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     if "kl" in sums:
         metrics["kl"] = sums["kl"].detach()
     return LossOut(total, metrics)
-
-
-def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
-    """GRPO uses the advantages as they are (clipped inside ``loss``)."""
-    return adv

@@ -13,16 +13,22 @@ Two betas: ``beta`` is NFT's β (inverse step size of the implicit policies: 1.0
 With equal weights the policy loss equals (Cβt²/w)·|v_θ − v_tgt|² + const, v_tgt = v_old + A/(Cβ)·(v − v_old)
 (reference B §1.3), i.e. the shared rectified regression with c = A/(Cβ); ``form="target"`` trains exactly that.
 The loss is affine in A for |A| ≤ C (what MARBLE's amortized α relies on). Rollouts are CFG-free
-(guidance 1.0, the trainer's job); training forwards use the conditional branch only (``train_guidance=1.0``).
+(guidance 1.0, the recipe's ``sampler.guidance``); training forwards use the conditional branch only
+(``train_guidance=1.0``). NFT trains on the forward process of the rollouts' clean latents (``TRAINS_ON``) at
+per-sample permuted σ's (99 % of the schedule, ``timesteps``), and samples from the soft-updated "old" adapter
+(``old_update = nft``: η = min(0.001·step, 0.5)) — ``objective: {kind: nft}`` alone is DiffusionNFT.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import (
     flow_target,
     forward_noise,
@@ -31,9 +37,11 @@ from flowrl.objectives.regression import (
     x0_abs_weight,
     x0_prediction,
 )
+from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.types import LossOut
 
-NEEDS = "x0"
+TRAINS_ON = FORWARD_PROCESS
+TIMESTEPS = "flowrl.objectives.timesteps:TIMESTEPS"
 ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 
 
@@ -47,10 +55,11 @@ class Config:
     form: str = "two_branch"      # "two_branch" (the anchor's loss) | "target" (closed-form rectified regression)
     train_guidance: float | None = 1.0   # CFG-free training forwards
     min_weight: float = 1e-5
+    timesteps: Any = nested_plugin(TIMESTEPS, "permuted")   # per-sample permuted 99 % of the schedule
+    old_update: OldUpdate = "nft"     # decay_type 1: η = min(0.001·step, 0.5)
 
     def __post_init__(self):
-        if self.beta <= 0:
-            raise ValueError(f"nft beta must be > 0 (it divides the loss), got {self.beta}")
+        check_positive("nft", beta=self.beta, adv_clip_max=self.adv_clip_max)
         if self.adv_mode not in ADV_MODES:
             raise ValueError(f"nft adv_mode must be one of {ADV_MODES}, got {self.adv_mode!r}")
         if self.form not in ("two_branch", "target"):
@@ -123,9 +132,3 @@ def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     metrics["old_deviation"] = masked_mean(mean_elems((v_theta - v_old) ** 2), keep).detach()
     metrics["r_mean"] = masked_mean(r, keep).detach()
     return LossOut(total, metrics)
-
-
-def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
-    """NFT uses the advantages as they are (the r mapping is per sample, inside ``loss``)."""
-    return adv
-

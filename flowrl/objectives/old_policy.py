@@ -12,6 +12,7 @@ and the evaluation EMA of the trainable weights: η = min((1+s)/(10+s), 0.9) (fl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -39,6 +40,16 @@ def awm_decay(step: int) -> float:
 
 def eval_ema_decay(step: int, max_decay: float = 0.9) -> float:
     return min((1 + step) / (10 + step), max_decay)
+
+
+OldUpdate = Literal["on_policy", "nft", "nft_ocr", "marble", "awm"]   # an objective Config's ``old_update``
+
+
+def check_positive(objective: str, **values: float) -> None:
+    """Raise a one-line ValueError naming the first of ``values`` that is not > 0."""
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{objective} {name} must be > 0, got {value}")
 
 
 SCHEDULES: dict[str, Callable[[int], float]] = {

@@ -2,11 +2,19 @@
 
 All pick indices into the rollout's own discrete schedule ``sigmas[:-1]`` (the σ's a step starts from; the
 final 0 is never trained) and return indices; ``sigmas_at`` turns them into σ values.
+
+A forward-process objective's Config holds one of the samplers below as its ``timesteps`` field (a tagged
+section, ``{kind: permuted, fraction: 0.99}``); ``sampler.columns(num_steps, batch, generator)`` gives the
+(B, T) indices the loop trains, column j at inner step j. Each sampler's defaults are its anchor's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from flowrl.registry import Registry
 
 
 def _count(num_steps: int, fraction: float) -> int:
@@ -51,3 +59,46 @@ def sigmas_at(sigmas: Tensor, idx: Tensor) -> Tensor:
         raise ValueError(f"timestep index {int(idx.max())} is the schedule's terminal σ; train only steps < "
                          f"{sigmas.numel() - 1}")
     return sigmas[idx]
+
+
+@dataclass
+class Permuted:
+    """DiffusionNFT: per sample, ``int(S·fraction)`` distinct steps in random order (99 % of the schedule)."""
+
+    fraction: float = 0.99
+
+    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
+        return permuted_subset(num_steps, batch, self.fraction, generator)
+
+
+@dataclass
+class Decoupled:
+    """VideoAWR Decoupled Timestep Rectification: one independent step per rollout among the noisiest 51 %."""
+
+    fraction: float = 0.51
+
+    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
+        return decoupled(num_steps, batch, self.fraction, generator).unsqueeze(1)
+
+
+@dataclass
+class Stratified:
+    """AWM: ``count`` steps (6), one per stratum of the first ``int(S·fraction)`` steps, shared by the batch."""
+
+    count: int = 6
+    fraction: float = 0.9
+
+    def __post_init__(self):
+        if self.count < 1:
+            raise ValueError(f"stratified timesteps count must be >= 1, got {self.count}")
+
+    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
+        hi = _count(num_steps, self.fraction)
+        return stratified(0, hi, min(self.count, hi), generator).unsqueeze(0).expand(batch, -1)
+
+
+TIMESTEPS = Registry("timestep sampler", {
+    "permuted": "flowrl.objectives.timesteps:Permuted",
+    "decoupled": "flowrl.objectives.timesteps:Decoupled",
+    "stratified": "flowrl.objectives.timesteps:Stratified",
+})

@@ -26,7 +26,6 @@ class Policy(Protocol):
     device: torch.device
     dtype: torch.dtype          # model compute dtype; samplers keep float32 latents
     default_guidance: float     # the family's CFG / distilled-guidance default
-    default_noise_level: float  # Flow-GRPO SDE `a` for this family (0.7 SD3.5, 0.9 FLUX)
 
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                cfg: bool = True) -> Cond:
@@ -120,7 +119,6 @@ class PolicyBase:
 
     family: str = ""
     default_guidance: float = 1.0
-    default_noise_level: float = 0.7
 
     @property
     def transformer(self) -> nn.Module:
@@ -196,7 +194,6 @@ class PolicyBase:
         self.device = torch.device(device)
         self.dtype = dtype or components["transformer"].dtype
         self.default_guidance = config.guidance
-        self.default_noise_level = config.noise_level
         for c in components.values():
             if isinstance(c, nn.Module):
                 c.to(self.device).eval().requires_grad_(False)

@@ -45,7 +45,6 @@ SPEC: comp.Spec = {
 class Config:
     guidance: float = 3.5                # distilled guidance embedding value
     true_cfg: float = 1.0                # > 1: real CFG against the negative prompt (2 forwards)
-    noise_level: float = 0.9
     max_sequence_length: int = 512
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=64, alpha=128,
                                                                        target_modules=FLUX_TARGETS))

@@ -40,7 +40,6 @@ SPEC: comp.Spec = {
 @dataclass
 class Config:
     guidance: float = 4.5
-    noise_level: float = 0.7
     max_sequence_length: int = 256
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=32, alpha=64, target_modules=SD3_TARGETS))
     keep_base: bool = True               # full fine-tune only: keep a frozen base copy for adapter(None)

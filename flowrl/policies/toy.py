@@ -31,7 +31,6 @@ IMAGE_SIZE = 32
 @dataclass
 class Config:
     guidance: float = 1.0      # one forward per step; CFG 1.5 measured +5 points strict at 2× cost (docs/shapes.md)
-    noise_level: float = 0.7   # Flow-GRPO SDE a (SD3.5 value)
     shift: float = 1.0         # σ-grid shift of the FlowMatchEuler scheduler
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=32, alpha=64, target_modules=SD3_TARGETS))
     keep_base: bool = True     # full fine-tune only: keep a frozen base copy for adapter(None)

@@ -41,7 +41,6 @@ SPEC: comp.Spec = {
 @dataclass
 class Config:
     guidance: float = 5.0
-    noise_level: float = 0.7
     max_sequence_length: int = 512
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=32, alpha=64, target_modules=WAN_TARGETS))
     keep_base: bool = True

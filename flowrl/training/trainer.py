@@ -1,16 +1,11 @@
 """The one online-RL loop for every model and objective (reference E §3.6, A §2.6, B §1.9).
 
     for it in range(start, cfg.train.iterations):
-        prompts  = data.batch(it, P)                          # global list; this process takes its slice
-        rollout  = sample with the "old" adapter               # per-sample generators, CFG per config;
-                                                               #   GRPO: SDE kernel + stored trajectory,
-                                                               #   NFT/AWR: deterministic CFG-free solver, x0 only
-        pixels   = policy.decode(rollout.latents)
-        R        = rewards(pixels)  → gathered over processes  # (N, K), NaN = not applicable
-        A        = balancer(R, groups), clipped                # groups may span processes
-        for epoch in range(K): for update in chunks: for micro-batch: objective.loss → backward
-            (grads averaged over processes, clipped, AdamW step, eval-EMA update)
-        "old" ← decay·old + (1 − decay)·train                  # copy (GRPO) or DiffusionNFT's soft update
+        samples = rollout.run(it)                    # this process's slice of P·G samples, "old" adapter
+        scores  = score_samples(rewards, samples)    # R (N, K) gathered over processes; NaN = not applicable
+        A       = advantages.run(R, services)        # balancer (asks the loop for services) → objective mapping
+        stats   = updater.run(samples, A, ...)       # K epochs × U optimizer steps through the objective's source
+        "old" ← η·old + (1 − η)·train                # η from the objective's old_update schedule
         log; every eval.every: evaluate; every checkpoint.every: save (atomic, exact resume)
 
 Robustness: samples whose advantage is non-finite are left out of the update (counted per reward); if none is
@@ -22,188 +17,118 @@ identically on CPU.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from flowrl.distributed import processes as _dist
-from flowrl.training import evaluation as io
-from flowrl.balancers.advantages import zero_std_ratio
+from flowrl.checkpoint.resume import RunState, load_run, save_run
 from flowrl.config import RunConfig, check_geometry, save_resolved
-from flowrl.types import RewardInput
-from flowrl.training.update import UpdateStats, optimizer_updates
-
-
-@dataclass
-class LoopState:
-    """Counters that a checkpoint stores (plus weights, optimizer, EMA, balancer state and RNG)."""
-
-    iteration: int = 0                 # next iteration to run (= data position)
-    global_step: int = 0               # optimizer steps taken
-    rollout_nfe: int = 0               # velocity evaluations per sample, summed over all rollout samples
-    skipped_updates: int = 0
-    consecutive_skips: int = 0
-    wall_time: float = 0.0             # seconds spent in iterations (excludes evaluation)
-    skip_reasons: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Samples:
-    """This process's samples of one iteration."""
-
-    prompts: list[str]
-    meta: list[dict]
-    group_ids: Tensor                  # (n,) global prompt index within the iteration
-    cond: object                       # flowrl.types.Cond of the n samples
-    result: object                     # flowrl.types.RolloutResult
-    pixels: Tensor | None = None
-
-
-def old_decay(schedule: str, step: int) -> float:
-    """η of the sampling ("old") weights, old ← η·old + (1 − η)·train, at optimizer step ``step``
-    (``flowrl.objectives.old_policy``: on_policy η = 0, DiffusionNFT nft η = min(0.001·step, 0.5), ...)."""
-    from flowrl.objectives.old_policy import decay
-
-    return decay(schedule, step)
+from flowrl.distributed import processes as _dist
+from flowrl.training.advantage import AdvantageStage
+from flowrl.training.evaluation import Evaluator
+from flowrl.training.rollout import RolloutStage
+from flowrl.training.scoring import score_samples
+from flowrl.training.state import LoopState
+from flowrl.training.update import RewardGradients, UpdateStats, Updater
 
 
 class Trainer:
-    """Builds every part from a ``RunConfig`` and runs the loop; ``run()`` returns the final summary."""
+    """Builds every part and stage from a ``RunConfig`` and runs the loop; ``run()`` returns the final summary."""
 
     def __init__(self, cfg: RunConfig, accelerator=None, policy=None):
         from flowrl.training.parts import build_parts
 
         self.cfg = cfg
-        if accelerator is None:
-            accelerator = _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu)
-        self.dist = _dist.Dist(accelerator)
+        self.dist = _dist.Dist(accelerator if accelerator is not None
+                               else _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu))
         check_geometry(cfg, self.dist.world)
         torch.manual_seed(cfg.run.seed)          # LoRA init and anything else drawn from the global RNG
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
-        self.parts = build_parts(cfg, self.dist, policy)
-        self.policy = self.parts.policy
-        self.state = LoopState()
+        self.parts = p = build_parts(cfg, self.dist, policy)
+        self.policy, self.state = p.policy, LoopState()
         self.policy.copy_adapter("train", "old")
+        t, seed = cfg.train, cfg.run.seed
+        self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
+                                    seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
+                                    micro_batch=t.micro_batch, negative_prompt=cfg.data.negative_prompt,
+                                    store_trajectory=p.objective.TRAINS_ON.stores_trajectory)
+        weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
+        self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,
+                                         p.objective_cfg, p.balancer_state, prompts_per_iter=t.prompts_per_iter,
+                                         group_size=t.group_size)
+        self.updater = Updater(p.policy, p.objective, p.objective_cfg, p.optimizer, p.params, p.ema, self.dist, t,
+                               seed)
+        self.evaluator = Evaluator(p.policy, p.ema, cfg.eval, cfg.sampler, p.eval_prompts, p.rewards, self.dist,
+                                   cfg.run_dir, cfg.run.name, self.rollout.guidance)
+        self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.window, self.state)
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
         cfg = self.cfg
         if cfg.run.resume:
-            self.resume()
+            load_run(cfg.run_dir, self.run_state, self.dist)
         elif self.dist.is_main:
             save_resolved(cfg)
-        logger = io.make_logger(self, self.state.iteration if cfg.run.resume else None)
+        logger = self.logger(self.state.iteration if cfg.run.resume else None)
         summary = {}
         if cfg.eval.before and self.state.iteration == 0:
-            summary["before"] = io.evaluate(self, 0, logger, "before")
-        bar = io.progress(self, self.state.iteration, cfg.train.iterations, "train")
+            summary["before"] = self.evaluator.evaluate(0, "before", logger)
+        bar = self.progress(self.state.iteration, cfg.train.iterations)
         for it in range(self.state.iteration, cfg.train.iterations):
             t0 = time.perf_counter()
             metrics = self.iteration(it)
             self.state.wall_time += time.perf_counter() - t0
             self.state.iteration = it + 1
-            metrics.update(self.counters())
+            metrics.update(self.state.counters(cfg.samples_per_iter))
             if it % cfg.log.every == 0 or it + 1 == cfg.train.iterations:
                 logger.log(metrics, step=it + 1)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}")
             if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and it + 1 < cfg.train.iterations:
-                io.evaluate(self, it + 1, logger, f"step_{it + 1:06d}")
+                self.evaluator.evaluate(it + 1, f"step_{it + 1:06d}", logger)
             if cfg.checkpoint.every and (it + 1) % cfg.checkpoint.every == 0:
                 self.save()
         bar.close()
         self.save()
         if cfg.eval.after:
-            summary["after"] = io.evaluate(self, self.state.iteration, logger, "after")
+            summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
         logger.close()
         summary["state"] = self.state.as_dict()
         return summary
 
     def iteration(self, it: int) -> dict:
         """One rollout → reward → advantage → update → old-weights step; returns its metrics."""
-        cfg = self.cfg
-        samples = self.rollout(it)
-        R, reward_metrics = self.score(samples)                 # R (N, K) over all processes
-        adv, adv_metrics = self.advantages(R, it, samples)      # (N,)
+        samples = self.rollout.run(it)
+        self.state.rollout_nfe += int(samples.result.nfe) * self.cfg.samples_per_iter
+        scores = score_samples(self.parts.rewards, self.dist, samples)
+        adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it))
         local = adv[self.dist.local_slice(adv.shape[0])]
-        keep = torch.isfinite(local)
-        metrics = {**reward_metrics, **adv_metrics}
+        metrics = {**scores.metrics, **adv_metrics}
         stats = UpdateStats()
-        if self.update_allowed(R, adv, metrics):
-            stats = optimizer_updates(self, samples, local, keep, it)
+        if self.update_allowed(scores, adv, metrics):
+            stats = self.updater.run(samples, local, torch.isfinite(local), it, self.state.global_step)
         metrics.update(stats.as_metrics())
-        self.record_skips(stats)
-        self.policy.soft_update_adapter(old_decay(cfg.train.old_update, self.state.global_step), "train", "old")
+        self.record_steps(stats)
+        decay = self.parts.objective.old_decay(self.parts.objective_cfg, self.state.global_step)
+        self.policy.soft_update_adapter(decay, "train", "old")
         return metrics
 
     # --------------------------------------------------------------------------------------- the pieces
-    def rollout(self, it: int) -> Samples:
-        """Sample this process's slice of the iteration's N = P·G samples with the "old" weights."""
-        cfg, parts = self.cfg, self.parts
-        P, G = cfg.train.prompts_per_iter, cfg.train.group_size
-        items = parts.train_prompts.batch(it, P)
-        sl = self.dist.local_slice(P * G)
-        rows = list(range(P * G))[sl]
-        prompts = [items[r // G][0] for r in rows]
-        meta = [dict(items[r // G][1]) for r in rows]
-        group_ids = torch.tensor([r // G for r in rows], dtype=torch.long)
-        gens = [parts.generator(cfg.run.seed, it, r // G, r % G) for r in rows]
-        with torch.no_grad(), self.dist.autocast():
-            cond, result = parts.sample(self.policy, prompts, gens, it)
-            pixels = parts.decode(self.policy, result.latents)
-        self.state.rollout_nfe += int(result.nfe) * P * G
-        return Samples(prompts, meta, group_ids, cond, result, pixels)
-
-    def score(self, s: Samples) -> tuple[Tensor, dict]:
-        """Rewards of this process's samples, gathered into R (N, K); per-reward metrics."""
-        batch = RewardInput(s.pixels.float().clamp(0, 1), s.prompts, s.group_ids, s.meta)
-        out = self.parts.rewards(batch)
-        R = self.dist.gather(out.scores.float())
-        metrics = {}
-        for k, name in enumerate(out.names):
-            col = R[:, k]
-            ok = col[torch.isfinite(col)]
-            metrics[f"reward/{name}/mean"] = ok.mean() if ok.numel() else float("nan")
-            metrics[f"reward/{name}/std"] = ok.std(unbiased=False) if ok.numel() > 1 else 0.0
-            metrics[f"reward/{name}/nonfinite"] = int((~torch.isfinite(col)).sum())
-        total = self.dist.gather(out.total.float())
-        ok = total[torch.isfinite(total)]
-        metrics["reward/total/mean"] = ok.mean().item() if ok.numel() else float("nan")
-        self.reward_names = list(out.names)
-        return R, metrics
-
-    def advantages(self, R: Tensor, it: int, samples: Samples | None = None) -> tuple[Tensor, dict]:
-        """R (N, K) → A (N,) through the configured balancer (±inf rewards count as NaN here)."""
-        cfg = self.cfg
-        P, G = cfg.train.prompts_per_iter, cfg.train.group_size
-        groups = torch.arange(P).repeat_interleave(G)
-        finite = torch.where(torch.isinf(R), torch.full_like(R, float("nan")), R)
-        adv, diag = self.parts.balance(finite, groups, samples, it)
-        total = torch.nansum(torch.where(torch.isfinite(finite), finite, torch.zeros_like(finite)), 1)
-        metrics = {"adv/mean": torch.nanmean(adv), "adv/abs_mean": torch.nanmean(adv.abs()),
-                   "adv/zero_std_frac": zero_std_ratio(total, groups)}
-        metrics.update({f"adv/{k}": v for k, v in diag.items() if torch.as_tensor(v).numel() == 1})
-        return adv, metrics
-
-    def update_allowed(self, R: Tensor, adv: Tensor, metrics: dict) -> bool:
+    def update_allowed(self, scores, adv: Tensor, metrics: dict) -> bool:
         """False (and the reason recorded) when a reward is ±inf or no sample has a finite advantage."""
-        bad = [n for k, n in enumerate(self.reward_names) if torch.isinf(R[:, k]).any()]
+        R, names = scores.R, scores.names
+        bad = [n for k, n in enumerate(names) if torch.isinf(R[:, k]).any()]
         if not bad and torch.isfinite(adv).any():
             return True
         reason = f"reward/{bad[0]}" if bad else "reward/" + "+".join(
-            n for k, n in enumerate(self.reward_names) if torch.isnan(R[:, k]).any())
+            n for k, n in enumerate(names) if torch.isnan(R[:, k]).any())
         self.skip(reason, metrics)
         return False
 
     def skip(self, reason: str, metrics: dict) -> None:
-        self.state.skipped_updates += 1
+        self.state.count_skip(reason)
         self.state.consecutive_skips += 1
-        self.state.skip_reasons[reason] = self.state.skip_reasons.get(reason, 0) + 1
         metrics["skip/update"] = 1
         self.dist.print(f"[flowrl] skipped an update: non-finite {reason} "
                         f"({self.state.skipped_updates} skipped so far)")
@@ -212,7 +137,7 @@ class Trainer:
                                      f"values (last: {reason}); see skip/* in metrics.jsonl. Lower train.lr or "
                                      "check the reward; raise train.max_skipped to tolerate more")
 
-    def record_skips(self, stats: UpdateStats) -> None:
+    def record_steps(self, stats: UpdateStats) -> None:
         for term in stats.nonfinite_terms:
             self.state.skip_reasons[f"loss/{term}"] = self.state.skip_reasons.get(f"loss/{term}", 0) + 1
         self.state.skipped_updates += stats.skipped_steps
@@ -222,26 +147,26 @@ class Trainer:
             self.state.consecutive_skips += 1
         self.state.global_step += stats.steps
 
-    def counters(self) -> dict:
-        s = self.state
-        return {"train/iteration": s.iteration, "train/global_step": s.global_step,
-                "train/rollout_nfe": s.rollout_nfe, "train/skipped_updates": s.skipped_updates,
-                "time/wall": s.wall_time,
-                "time/samples_per_s": s.iteration * self.cfg.samples_per_iter / max(s.wall_time, 1e-9)}
+    # ---------------------------------------------------------------------------------- I/O and state
+    def logger(self, resume_step: int | None):
+        from flowrl.config import to_dict
+        from flowrl.training.metrics_log import MetricsLogger
 
-    # ------------------------------------------------------------------------------------ checkpoints
+        cfg = self.cfg
+        return MetricsLogger(cfg.run_dir, is_main_process=self.dist.is_main, tensorboard=cfg.log.tensorboard,
+                             wandb=cfg.log.wandb, wandb_project=cfg.log.project, run_name=cfg.run.name,
+                             config=to_dict(cfg), resume_step=resume_step)
+
+    def progress(self, start: int, total: int):
+        from tqdm.auto import tqdm
+
+        enabled = self.cfg.log.progress and self.dist.is_main
+        return tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
+
     def save(self) -> None:
-        from flowrl.checkpoint.resume import save_run
-
-        save_run(self)
-
-    def resume(self) -> None:
-        from flowrl.checkpoint.resume import load_run
-
-        load_run(self)
+        save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
 
 
 def train(cfg: RunConfig, accelerator=None, policy=None) -> dict:
     """Run the RL loop described by ``cfg``; returns {"before", "after", "state"}."""
     return Trainer(cfg, accelerator, policy).run()
-

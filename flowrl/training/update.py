@@ -1,21 +1,25 @@
-"""The inner optimisation of one RL iteration: K epochs × U optimizer steps × micro-batches.
+"""The update stage: K epochs × U optimizer steps × micro-batches on one iteration's samples.
 
 For epoch e the samples with a finite advantage are permuted by a generator seeded from (seed, iteration, e),
-split into ``train.updates_per_epoch`` equal chunks, and each chunk into micro-batches of ``train.micro_batch``:
+split into ``train.updates_per_epoch`` equal chunks, and each chunk into micro-batches of ``train.micro_batch``;
+the objective's sample source turns a micro-batch into its TrainBatches (one per stored step or training σ):
 
-    g = Σ_mb (|mb| / |chunk|)·∇ loss(mb)         (gradient accumulation: the chunk-mean loss)
+    g = Σ_mb Σ_batch (|mb| / |chunk|)·∇ loss(batch) / #batches      (gradient accumulation: the chunk-mean loss)
     g ← mean over processes;  clip ‖g‖ ≤ train.max_grad_norm;  AdamW step;  eval-EMA update
 
 A non-finite loss (or gradient norm) on any process skips that optimizer step on every process and names the
-loss terms that were non-finite (Flow-GRPO has no such guard; one bad reward used to poison the adapter).
+loss terms that were non-finite. ``RewardGradients`` is the loop's ``reward_gram`` service for balancers
+(``flowrl.balancers.services``), built on the same loss.
 """
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from samplers.rng import derived_generator
 
 
 @dataclass
@@ -41,10 +45,9 @@ class UpdateStats:
         return out
 
 
-def derived_generator(*parts) -> torch.Generator:
-    """A CPU generator seeded from a tuple (seed, iteration, epoch, ...): resume replays the same draws."""
-    digest = hashlib.sha256("|".join(map(str, ("flowrl-update", *parts))).encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") % (1 << 63))
+def update_generator(*parts) -> torch.Generator:
+    """A CPU generator seeded from (seed, iteration, epoch, ...): resume replays the same training draws."""
+    return derived_generator(*parts, namespace="flowrl-update")
 
 
 def nonfinite_terms(loss: Tensor, metrics: dict) -> list[str]:
@@ -53,53 +56,86 @@ def nonfinite_terms(loss: Tensor, metrics: dict) -> list[str]:
     return bad or (["loss"] if not torch.isfinite(loss).all() else [])
 
 
-def optimizer_updates(trainer, samples, adv: Tensor, keep: Tensor, iteration: int) -> UpdateStats:
-    """Run the K × U optimizer steps of one iteration on this process's samples; returns their stats."""
-    cfg = trainer.cfg
-    stats = UpdateStats()
-    idx = torch.nonzero(keep).flatten()
-    stats.add({"skip/samples_dropped": float((~keep).sum())})
-    for epoch in range(cfg.train.inner_epochs):
-        perm = idx[torch.randperm(idx.numel(), generator=derived_generator(cfg.run.seed, iteration, epoch))]
-        for u, chunk in enumerate(perm.tensor_split(cfg.train.updates_per_epoch)):
-            one_step(trainer, samples, adv, chunk, (cfg.run.seed, iteration, epoch, u), stats)
-    return stats
+class Updater:
+    """Optimizer steps of the objective on the "train" weights; ``run(samples, adv, keep, it, step)``."""
+
+    def __init__(self, policy, objective, objective_cfg, optimizer, params, ema, dist, train_cfg, seed: int):
+        self.policy, self.objective, self.ocfg = policy, objective, objective_cfg
+        self.optimizer, self.params, self.ema, self.dist = optimizer, params, ema, dist
+        self.t, self.seed = train_cfg, seed
+
+    def loss(self, batch):
+        return self.objective.loss(self.policy, batch, self.ocfg)
+
+    def train_batches(self, samples, adv: Tensor, idx: Tensor, gen: torch.Generator) -> list:
+        """The objective's TrainBatches of micro-batch ``idx`` (its ``TRAINS_ON`` source decides which)."""
+        return self.objective.TRAINS_ON.batches(samples.rows(idx), adv[idx], gen, self.ocfg)
+
+    def run(self, samples, adv: Tensor, keep: Tensor, iteration: int, global_step: int) -> UpdateStats:
+        """The K × U optimizer steps of one iteration on this process's samples; returns their stats."""
+        stats = UpdateStats()
+        idx = torch.nonzero(keep).flatten()
+        stats.add({"skip/samples_dropped": float((~keep).sum())})
+        for epoch in range(self.t.inner_epochs):
+            perm = idx[torch.randperm(idx.numel(), generator=update_generator(self.seed, iteration, epoch))]
+            for u, chunk in enumerate(perm.tensor_split(self.t.updates_per_epoch)):
+                self.step(samples, adv, chunk, (self.seed, iteration, epoch, u), stats, global_step)
+        return stats
+
+    def accumulate(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats) -> list[str]:
+        """Backward every micro-batch of ``chunk``; the names of non-finite loss terms (empty when all finite)."""
+        for m, mb in enumerate(chunk.split(self.t.micro_batch)):
+            batches = self.train_batches(samples, adv, mb, update_generator(*key, m))
+            for batch in batches:
+                with self.dist.autocast():
+                    out = self.loss(batch)
+                bad = nonfinite_terms(out.loss, out.metrics)
+                if bad:
+                    return bad
+                self.dist.backward(out.loss * (mb.numel() / chunk.numel() / len(batches)))
+                stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
+        return []
+
+    def step(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats, global_step: int) -> None:
+        """Accumulate the chunk's gradients and take one optimizer step (or skip it on every process)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        bad = self.accumulate(samples, adv, chunk, key, stats)
+        any_bad = bool(self.dist.sum(torch.tensor(float(bool(bad)))) > 0)
+        if not any_bad:
+            self.dist.average_gradients(self.params)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.t.max_grad_norm)
+            any_bad = not bool(torch.isfinite(norm))
+            bad = [] if not any_bad else ["grad_norm"]
+        if any_bad:
+            self.optimizer.zero_grad(set_to_none=True)
+            stats.skipped_steps += 1
+            stats.nonfinite_terms += bad or ["other_process"]
+            self.dist.print(f"[flowrl] skipped an optimizer step: non-finite {', '.join(bad or ['loss elsewhere'])}")
+            return
+        stats.add({"train/grad_norm": norm, "train/lr": self.optimizer.param_groups[0]["lr"]})
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update(global_step + stats.steps)
+        stats.steps += 1
 
 
-def one_step(trainer, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats) -> None:
-    """Accumulate the chunk's micro-batch gradients and take one optimizer step (or skip it).
-    Each micro-batch is one backward per TrainBatch (per stored SDE step, or per training σ)."""
-    cfg, parts, dist = trainer.cfg, trainer.parts, trainer.dist
-    params = parts.params
-    parts.optimizer.zero_grad(set_to_none=True)
-    bad: list[str] = []
-    for m, mb in enumerate(chunk.split(cfg.train.micro_batch)):
-        batches = parts.train_batches(samples, adv, mb, derived_generator(*key, m))
-        for batch in batches:
-            with dist.autocast():
-                out = parts.loss(trainer.policy, batch)
-            bad = nonfinite_terms(out.loss, out.metrics)
-            if bad:
-                break
-            parts.backward(out.loss * (mb.numel() / chunk.numel() / len(batches)))
-            stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
-        if bad:
-            break
-    any_bad = bool(dist.sum(torch.tensor(float(bool(bad)))) > 0)
-    if not any_bad:
-        dist.average_gradients(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-        any_bad = not bool(torch.isfinite(norm))
-        bad = [] if not any_bad else ["grad_norm"]
-    if any_bad:
-        parts.optimizer.zero_grad(set_to_none=True)
-        stats.skipped_steps += 1
-        stats.nonfinite_terms += bad or ["other_process"]
-        trainer.dist.print(f"[flowrl] skipped an optimizer step: non-finite {', '.join(bad or ['loss elsewhere'])}")
-        return
-    stats.add({"train/grad_norm": norm, "train/lr": parts.optimizer.param_groups[0]["lr"]})
-    parts.optimizer.step()
-    step = trainer.state.global_step + stats.steps
-    if parts.ema is not None:
-        parts.ema.update(step)
-    stats.steps += 1
+class RewardGradients:
+    """The ``reward_gram`` service of one iteration: K backward passes of the objective on this process's first
+    micro-batch (at its first stored step / training σ), one per reward's advantages, averaged over processes."""
+
+    def __init__(self, updater: Updater, samples, iteration: int):
+        self.updater, self.samples, self.iteration = updater, samples, iteration
+
+    def reward_gram(self, A_k: Tensor) -> Tensor:
+        from flowrl.balancers.marble import gradient_gram
+
+        up = self.updater
+        A_local = A_k[up.dist.local_slice(A_k.shape[0])].to(torch.float32)
+        idx = torch.arange(min(up.t.micro_batch, A_local.shape[0]))
+        gen = derived_generator(up.seed, self.iteration, "gram")
+        batch = up.train_batches(self.samples, A_local[:, 0], idx, gen)[0]
+
+        def loss_of(adv: Tensor, mask: Tensor) -> Tensor:
+            return up.loss(dataclasses.replace(batch, advantages=adv, mask=mask)).loss
+
+        return gradient_gram(loss_of, A_local[idx], up.params, reduce=up.dist.mean)

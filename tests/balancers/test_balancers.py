@@ -7,6 +7,7 @@ import torch
 
 from flowrl.balancers import BALANCERS, gdpo, get_balancer, marble, weighted_sum
 from flowrl.balancers.min_norm import frank_wolfe, min_norm_pair, solve_min_norm
+from flowrl.balancers.services import FixedGram, NoServices
 
 NAN = float("nan")
 R = torch.tensor([[1.0, 0.0], [3.0, 2.0], [2.0, NAN], [6.0, NAN]], dtype=torch.float64)
@@ -102,25 +103,33 @@ def test_frank_wolfe_conflicting_pair_lands_inside():
     np.testing.assert_allclose(frank_wolfe(M).numpy(), [0.5, 0.5], atol=1e-9)
 
 
-def test_marble_uniform_before_first_solve_then_ema():
+def test_marble_asks_for_a_gram_on_its_schedule_and_smooths_alpha():
     Rm = torch.tensor([[1.0, 4.0], [3.0, 0.0], [0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
     state = {}
-    cfg = marble.Config()
-    assert marble.needs_gram(state, cfg)
-    a0, _ = marble.balance(Rm, G, state=state, cfg=cfg)
+    cfg = marble.Config(solve_every=3)
     Ak = torch.stack([(Rm[:, k] - Rm[:, k].view(2, 2).mean(1).repeat_interleave(2)) /
                       (Rm[:, k].std(unbiased=False) + 1e-4) for k in range(2)], 1)
-    torch.testing.assert_close(a0, Ak.mean(1))
-    gram = torch.tensor([[1.0, 0.0], [0.0, 4.0]], dtype=torch.float64)  # orthogonal → cosine Gram = I → ½,½
-    marble.balance(Rm, G, state=state, cfg=cfg, gram=gram)
+    orth = FixedGram(torch.tensor([[1.0, 0.0], [0.0, 4.0]], dtype=torch.float64))  # cosine Gram = I → ½,½
+    a0, d0 = marble.balance(Rm, G, state=state, cfg=cfg, services=orth)
+    assert orth.calls == 1 and float(d0["solved"]) == 1.0
     torch.testing.assert_close(state["alpha"], torch.tensor([0.5, 0.5], dtype=torch.float64))
+    torch.testing.assert_close(a0, Ak.mean(1))
+    for _ in range(2):                                   # calls 1, 2: amortized, no service asked for
+        _, d = marble.balance(Rm, G, state=state, cfg=cfg, services=NoServices())
+        assert float(d["solved"]) == 0.0
     gram2 = torch.tensor([[1.0, 0.9], [0.9, 4.0]], dtype=torch.float64)
     new = marble.solve_alpha(gram2, cfg)
-    a2, d2 = marble.balance(Rm, G, state=state, cfg=cfg, gram=gram2)
+    a3, d3 = marble.balance(Rm, G, state=state, cfg=cfg, services=FixedGram(gram2))   # call 3: a fresh solve
     want_alpha = 0.7 * torch.tensor([0.5, 0.5], dtype=torch.float64) + 0.3 * new
     torch.testing.assert_close(state["alpha"], want_alpha)
-    torch.testing.assert_close(a2, (Ak * want_alpha).sum(1))
-    assert float(d2["alpha_0"] + d2["alpha_1"]) == pytest.approx(1.0)
+    torch.testing.assert_close(a3, (Ak * want_alpha).sum(1))
+    assert float(d3["alpha_0"] + d3["alpha_1"]) == pytest.approx(1.0)
+
+
+def test_marble_outside_a_trainer_says_what_it_needs():
+    Rm = torch.tensor([[1.0, 4.0], [3.0, 0.0], [0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="reward_gram"):
+        marble.balance(Rm, G, state={})
 
 
 def test_marble_rescaled_and_dead_reward():
@@ -136,7 +145,7 @@ def test_marble_nan_rewards_and_proxy_gram():
     A = torch.tensor([[1.0, NAN], [2.0, 1.0]], dtype=torch.float64)
     torch.testing.assert_close(marble.proxy_gram(A, torch.tensor([1.0, 3.0])),
                                torch.tensor([[13.0, 6.0], [6.0, 3.0]], dtype=torch.float64))
-    adv, _ = marble.balance(Rm, G, state={})
+    adv, _ = marble.balance(Rm, G, state={}, services=FixedGram(torch.eye(2, dtype=torch.float64)))
     assert torch.isfinite(adv).all()
     with pytest.raises(ValueError, match="gram must be"):
-        marble.balance(Rm, G, state={}, gram=torch.eye(3))
+        marble.balance(Rm, G, state={}, services=FixedGram(torch.eye(3)))

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
+from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.objectives import TrainBatch, awm, awr, get_objective
 
 B, D = 4, 6
@@ -70,7 +71,7 @@ def test_awr_matches_anchor_formula_value_and_gradient():
     for a, b in zip(torch.autograd.grad(out.loss, pol.trainable_parameters()),
                     torch.autograd.grad(ref, pol.trainable_parameters())):
         torch.testing.assert_close(a, b)
-    assert get_objective("awr").NEEDS == "x0"
+    assert get_objective("awr").TRAINS_ON is FORWARD_PROCESS
 
 
 def test_awr_minimiser_is_rectified_target():

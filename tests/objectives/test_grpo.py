@@ -3,7 +3,9 @@ import pytest
 import torch
 from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, make_cond, rollout
 
-from flowrl.objectives import TrainBatch, get_objective
+from flowrl.objectives import TrainBatch as _TrainBatch
+from flowrl.objectives import get_objective
+from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.objectives.grpo import Config, clipped_surrogate, loss, mean_kl
 
 B, D = 6, 8
@@ -27,12 +29,17 @@ def direct_logp(pol, cond, traj, j, adapter="train", guidance=None):
 
 
 def cfg(**kw):
-    return Config(kernel=KERNEL_PATH, **kw)
+    return Config(**kw)
+
+
+def TrainBatch(*args, **kw):  # noqa: N802  (the rollout's kernel, as the trainer passes it)
+    return _TrainBatch(*args, **{"kernel": KERNEL_PATH, **kw})
 
 
 def test_registry_spec():
     spec = get_objective("grpo")
-    assert spec.NEEDS == "trajectory" and spec.Config().clip_range == 1e-4 and spec.Config().adv_clip_max == 5.0
+    c = spec.Config()
+    assert spec.TRAINS_ON is TRAJECTORY_ROWS and (c.clip_range, c.adv_clip_max, c.old_update) == (1e-4, 5.0, "on_policy")
 
 
 def test_ratio_one_and_gradient_is_minus_A_grad_logp():
@@ -129,5 +136,7 @@ def test_bad_steps_and_missing_traj():
         loss(pol, TrainBatch(cond, ADV, traj=traj, steps=[5]), cfg())
     with pytest.raises(ValueError, match="traj is None"):
         loss(pol, TrainBatch(cond, ADV), cfg())
+    with pytest.raises(ValueError, match="kernel"):
+        loss(pol, _TrainBatch(cond, ADV, traj=traj), cfg())
     with pytest.raises(ValueError, match="kl_form"):
         Config(kl_form="bogus")

@@ -5,6 +5,7 @@ import torch
 from objectives_fakes import LinearPolicy, make_cond
 
 from flowrl.balancers import marble
+from flowrl.balancers.services import FixedGram
 from flowrl.objectives import TrainBatch, awm, awr, nft
 
 B, D, K = 6, 5, 3
@@ -50,7 +51,7 @@ def test_amortized_gradient_is_alpha_mix(mod, cfg, apply):
     A_k = torch.nan_to_num(marble.reward_advantages(R, G, mcfg))
     gk = torch.stack([grad(mod, cfg, A_k[:, k]) for k in range(K)])
     state = {}
-    adv, diag = marble.balance(R, G, state=state, cfg=mcfg, gram=gk @ gk.T)
+    adv, diag = marble.balance(R, G, state=state, cfg=mcfg, services=FixedGram(gk @ gk.T))
     alpha = state["alpha"]
     assert alpha.sum().item() == pytest.approx(1.0)
     mixed = torch.stack([diag[f"alpha_{k}"] for k in range(K)]).double()

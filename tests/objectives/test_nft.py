@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
+from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.objectives import TrainBatch, get_objective
 from flowrl.objectives.nft import Config, loss, optimality_probability
 
@@ -43,7 +44,9 @@ def reference_nft(pol, adv, beta, beta_kl, C=5.0):
 def test_spec_defaults():
     spec = get_objective("nft")
     c = spec.Config()
-    assert spec.NEEDS == "x0" and (c.beta, c.beta_kl, c.adv_clip_max, c.train_guidance) == (1.0, 1e-4, 5.0, 1.0)
+    assert spec.TRAINS_ON is FORWARD_PROCESS and (c.beta, c.beta_kl, c.adv_clip_max, c.train_guidance) == (1.0, 1e-4, 5.0, 1.0)
+    # DiffusionNFT's published loop settings come with the objective alone (reference B §1.4, §1.6)
+    assert (c.old_update, c.timesteps.kind, c.timesteps.config.fraction) == ("nft", "permuted", 0.99)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.1])

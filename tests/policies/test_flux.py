@@ -110,7 +110,7 @@ def test_satisfies_policy_protocol(saved):
 
     policy, _ = saved
     assert isinstance(policy, Policy)
-    assert (policy.family, policy.default_guidance, policy.default_noise_level) == ("flux", 3.5, 0.9)
+    assert (policy.family, policy.default_guidance) == ("flux", 3.5)
     assert (policy.config.lora.rank, policy.config.lora.alpha) == (64, 128)
 
 

@@ -125,7 +125,7 @@ def test_satisfies_policy_protocol(saved):
 
     policy, _ = saved
     assert isinstance(policy, Policy)
-    assert (policy.family, policy.default_guidance, policy.default_noise_level) == ("sd3", 4.5, 0.7)
+    assert (policy.family, policy.default_guidance) == ("sd3", 4.5)
 
 
 def test_full_finetune_mode_on_policy():

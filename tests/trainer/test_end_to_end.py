@@ -46,8 +46,10 @@ def test_toy_objective_end_to_end(tmp_path, objective):
 
 TINY = {  # family: (objective, kernel, extra overrides)
     "sd3": ("grpo", "flow_sde", ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"]),
-    "flux": ("nft", "ode", ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"]),
+    "flux": ("nft", "ode", ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32",
+                            "objective.timesteps.fraction=0.5"]),
     "wan": ("awr", "ode", ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16",
+                           "objective.timesteps.fraction=0.5",
                            "sampler.num_frames=5", "rewards={video_frame_mean: {weight: 1.0, kwargs: "
                            "{reward: jpeg_compressibility}}}"]),
 }
@@ -60,7 +62,7 @@ def test_tiny_model_families_end_to_end(tmp_path, family):
         f"policy.kind={family}", "policy.tiny=true", "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}",
         f"objective.kind={objective}", f"sampler.kernel.kind={kernel}", "sampler.steps=2",
         "rewards={jpeg_compressibility: 1.0}", "train.iterations=1", "train.prompts_per_iter=2", "train.group_size=2",
-        "train.micro_batch=2", "train.updates_per_epoch=2", "train.timestep_fraction=0.5",
+        "train.micro_batch=2", "train.updates_per_epoch=2",
         "data.train=configs/prompts/video_test.txt", "eval.before=false", "eval.after=false",
         f"run.output_dir={tmp_path}", "run.name=run", "log.progress=false",
     ] + extra

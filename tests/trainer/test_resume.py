@@ -39,7 +39,7 @@ def run(cfg):
 
 
 CASES = {
-    "nft": ("nft", ["train.old_update=nft"]),
+    "nft": ("nft", ["objective.old_update=nft"]),
     "grpo_mixgrpo_window": ("grpo", ["sampler.window={kind: sliding, size: 1, iters_per_group: 1}"]),
 }
 

@@ -1,0 +1,38 @@
+"""The reward stage: this process's decoded samples → R (N, K) gathered over processes, plus per-reward metrics.
+
+NaN in R means "does not apply to this sample"; ±inf is a reward failure on that sample. Both are counted per
+reward (``reward/<name>/nonfinite``) and left to the advantage stage, which treats them as not applicable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.types import RewardInput
+
+
+@dataclass
+class Scores:
+    R: Tensor                          # (N, K) over all processes, float32
+    names: list[str]                   # the K reward names, in column order
+    metrics: dict
+
+
+def score_samples(rewards, dist, samples) -> Scores:
+    """Score ``samples.pixels`` with the reward set; gather the (n, K) scores into (N, K)."""
+    batch = RewardInput(samples.pixels.float().clamp(0, 1), samples.prompts, samples.group_ids, samples.meta)
+    out = rewards(batch)
+    R = dist.gather(out.scores.float())
+    metrics = {}
+    for k, name in enumerate(out.names):
+        col = R[:, k]
+        ok = col[torch.isfinite(col)]
+        metrics[f"reward/{name}/mean"] = ok.mean() if ok.numel() else float("nan")
+        metrics[f"reward/{name}/std"] = ok.std(unbiased=False) if ok.numel() > 1 else 0.0
+        metrics[f"reward/{name}/nonfinite"] = int((~torch.isfinite(col)).sum())
+    total = dist.gather(out.total.float())
+    ok = total[torch.isfinite(total)]
+    metrics["reward/total/mean"] = ok.mean().item() if ok.numel() else float("nan")
+    return Scores(R, list(out.names), metrics)
