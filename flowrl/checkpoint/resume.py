@@ -3,7 +3,7 @@
 A checkpoint (``flowrl.checkpoint.store``, atomic) holds tensor groups ``train`` and ``old`` (the LoRA adapters,
 or the full transformer weights), ``ema`` (the eval-EMA shadow), and a state dict with the optimizer, the loop
 counters (iteration = data position, optimizer steps, rollout NFEs, skip counts), the balancer state (MARBLE's
-α-EMA), the window position (MixGRPO) and every RNG. Every rollout's noise and every training draw come from
+α-EMA), the objective's state (its ``end_iteration`` hook), the window position (MixGRPO) and every RNG. Every rollout's noise and every training draw come from
 generators derived from (seed, iteration, ...), so after ``load_run`` the run continues bitwise identically on
 CPU (``tests/trainer/test_resume.py``).
 """
@@ -30,6 +30,7 @@ class RunState:
     optimizer: Any
     ema: Any
     balancer_state: dict
+    objective_state: dict
     window: Any
     loop: Any                          # flowrl.training.state.LoopState
 
@@ -39,7 +40,8 @@ def save_run(run_dir: Path, s: RunState, keep: int, dist) -> None:
     if dist.is_main:
         tensors = {"train": s.policy.adapter_state_dict("train"), "old": s.policy.adapter_state_dict("old")}
         extra = {"optimizer": s.optimizer.state_dict(), "loop": s.loop.as_dict(),
-                 "balancer": dict(s.balancer_state), "window": s.window.state_dict(), "rng": capture_rng_state()}
+                 "balancer": dict(s.balancer_state), "objective": dict(s.objective_state),
+                 "window": s.window.state_dict(), "rng": capture_rng_state()}
         if s.ema is not None:
             ema = s.ema.state_dict()
             tensors["ema"] = {f"{i:05d}": t for i, t in enumerate(ema.pop("shadow"))}
@@ -63,6 +65,8 @@ def load_run(run_dir: Path, s: RunState, dist) -> bool:
         s.ema.load_state_dict({**extra["ema"], "shadow": shadow})
     s.balancer_state.clear()
     s.balancer_state.update(extra["balancer"])
+    s.objective_state.clear()
+    s.objective_state.update(extra.get("objective", {}))
     s.window.load_state_dict(extra["window"])
     for key, value in extra["loop"].items():
         setattr(s.loop, key, value)

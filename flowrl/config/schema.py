@@ -17,8 +17,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowrl.config.loader import (  # noqa: F401  (re-exported: the generic strict loader other modules reuse)
-    ConfigError, Plugin, Source, apply_overrides, build_plugin, dump_yaml, from_dict, load_yaml, parse_yaml,
-    plugin_config_class, plugin_field, read_yaml_file, replace_nested, to_dict,
+    ConfigError,
+    Plugin,
+    Source,
+    apply_overrides,
+    build_plugin,
+    dump_yaml,
+    from_dict,
+    load_yaml,
+    parse_yaml,
+    plugin_config_class,
+    plugin_field,
+    read_yaml_file,
+    replace_nested,
+    to_dict,
 )
 
 POLICIES = "flowrl.policies:POLICIES"

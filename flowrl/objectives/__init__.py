@@ -9,7 +9,9 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
   rollout kernel and turns a micro-batch of rollouts into ``TrainBatch``es;
 - ``loss(policy, batch, cfg) -> LossOut``;
 - optionally ``prepare_advantages(adv, group_ids, cfg)`` (called on the whole set of rollouts before
-  micro-batching; identity unless defined, AWR's energies).
+  micro-batching; identity unless defined, AWR's energies);
+- optionally ``end_iteration(policy, cfg, state, step)`` (called once per iteration after the optimizer steps
+  and before the old-adapter update; ``state`` is a dict the objective owns and the checkpoint stores).
 
     grpo  Flow-GRPO / DanceGRPO PPO-clip on stored SDE transitions (+ KL to the base)
     nft   DiffusionNFT (implicit positive / negative velocities)
@@ -48,6 +50,7 @@ class ObjectiveSpec:
     Config: type
     TRAINS_ON: Any                       # sources.TrajectoryRows | sources.ForwardProcess (or any with .batches)
     prepare_advantages: Callable[..., Any]
+    end_iteration: Callable[..., Any]
 
     def old_decay(self, cfg: Any, step: int) -> float:
         """η of the sampling adapter at optimizer step ``step``: old ← η·old + (1 − η)·train (``cfg.old_update``)."""
@@ -60,6 +63,10 @@ def _identity(adv, group_ids, cfg=None):
     return adv
 
 
+def _nothing(policy, cfg, state, step):
+    return None
+
+
 def get_objective(name: str) -> ObjectiveSpec:
     """loss, Config, TRAINS_ON and prepare_advantages of the objective ``name`` (or ``module:loss``)."""
     fn = OBJECTIVES.get(name)
@@ -70,7 +77,7 @@ def get_objective(name: str) -> ObjectiveSpec:
     if "old_update" not in getattr(mod.Config, "__dataclass_fields__", {}):
         raise TypeError(f"objective {name!r}: its Config must have an old_update field (see old_policy.SCHEDULES)")
     prep = getattr(mod, "prepare_advantages", _identity)
-    return ObjectiveSpec(name, fn, mod.Config, mod.TRAINS_ON, prep)
+    return ObjectiveSpec(name, fn, mod.Config, mod.TRAINS_ON, prep, getattr(mod, "end_iteration", _nothing))
 
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "TrainBatch", "get_objective"]

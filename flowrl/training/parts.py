@@ -32,7 +32,8 @@ class Parts:
     ema: Any                             # flowrl.policies.ema.EMA or None
     train_prompts: Any
     eval_prompts: Any
-    balancer_state: dict = field(default_factory=dict)
+    balancer_state: dict = field(default_factory=dict)      # the balancer's own (MARBLE's α-EMA)
+    objective_state: dict = field(default_factory=dict)     # the objective's own (end_iteration hooks)
 
 
 def build_policy(cfg: RunConfig, device) -> Any:

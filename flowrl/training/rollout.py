@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -28,6 +29,12 @@ class Samples:
     result: RolloutResult
     pixels: Tensor | None
     how: Rollout                       # guidance, kernel, kernel Config, reduction (cond/result: all rows)
+    rollout_nfe: int = 0               # model evaluations spent on these samples, over all processes
+
+    def training_rows(self, adv: Tensor) -> tuple[Samples, Tensor]:
+        """What the update trains on and each row's advantage, given this process's per-sample advantages: the
+        samples themselves for a flat rollout."""
+        return self, adv
 
     def rows(self, idx: Tensor) -> Rollout:
         """The micro-batch ``idx`` as an objective source's input."""
@@ -93,7 +100,7 @@ class RolloutStage:
             cond, result = self.sample(prompts, gens, iteration)
             pixels = self.decode(result.latents)
         how = Rollout(cond, result, self.guidance, self.kernel, self.s.kernel.config, self.s.log_prob_reduce)
-        return Samples(prompts, meta, group_ids, cond, result, pixels, how)
+        return Samples(prompts, meta, group_ids, cond, result, pixels, how, int(result.nfe) * self.P * self.G)
 
     def sample(self, prompts: list[str], gens: list, iteration: int) -> tuple[Cond, RolloutResult]:
         """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch."""

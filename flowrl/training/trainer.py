@@ -29,7 +29,7 @@ from flowrl.training.evaluation import Evaluator
 from flowrl.training.rollout import RolloutStage
 from flowrl.training.scoring import score_samples
 from flowrl.training.state import LoopState
-from flowrl.training.update import RewardGradients, UpdateStats, Updater
+from flowrl.training.update import RewardGradients, Updater, UpdateStats
 
 
 class Trainer:
@@ -61,7 +61,8 @@ class Trainer:
                                seed)
         self.evaluator = Evaluator(p.policy, p.ema, cfg.eval, cfg.sampler, p.eval_prompts, p.rewards, self.dist,
                                    cfg.run_dir, cfg.run.name, self.rollout.guidance)
-        self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.window, self.state)
+        self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.objective_state, p.window,
+                                  self.state)
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -99,19 +100,20 @@ class Trainer:
 
     def iteration(self, it: int) -> dict:
         """One rollout → reward → advantage → update → old-weights step; returns its metrics."""
+        p = self.parts
         samples = self.rollout.run(it)
-        self.state.rollout_nfe += int(samples.result.nfe) * self.cfg.samples_per_iter
-        scores = score_samples(self.parts.rewards, self.dist, samples)
+        self.state.rollout_nfe += samples.rollout_nfe
+        scores = score_samples(p.rewards, self.dist, samples)
         adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it))
-        local = adv[self.dist.local_slice(adv.shape[0])]
+        rows, row_adv = samples.training_rows(adv[self.dist.local_slice(adv.shape[0])])
         metrics = {**scores.metrics, **adv_metrics}
         stats = UpdateStats()
         if self.update_allowed(scores, adv, metrics):
-            stats = self.updater.run(samples, local, torch.isfinite(local), it, self.state.global_step)
+            stats = self.updater.run(rows, row_adv, torch.isfinite(row_adv), it, self.state.global_step)
         metrics.update(stats.as_metrics())
         self.record_steps(stats)
-        decay = self.parts.objective.old_decay(self.parts.objective_cfg, self.state.global_step)
-        self.policy.soft_update_adapter(decay, "train", "old")
+        p.objective.end_iteration(self.policy, p.objective_cfg, p.objective_state, self.state.global_step)
+        self.policy.soft_update_adapter(p.objective.old_decay(p.objective_cfg, self.state.global_step), "train", "old")
         return metrics
 
     # --------------------------------------------------------------------------------------- the pieces
