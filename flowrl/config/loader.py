@@ -10,22 +10,18 @@ nearest valid key (difflib). A field whose metadata names a registry (``plugin_f
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import inspect
 import re
 import sys
-import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config that does not match its schema; the message names the key, its source and the fix."""
+from flowrl.config.convert import ConfigError, Source, config_error, convert, suggest_key
 
 
 class _Loader(yaml.SafeLoader):
@@ -79,30 +75,6 @@ def nested_plugin(registry: str, default: str) -> Any:
     return field(default_factory=make, metadata={"registry": registry, "default_kind": default, "common": None})
 
 
-class Source:
-    """Where each dotted key came from: the YAML file, or a command-line override."""
-
-    def __init__(self, file: str | None = None):
-        self.file = file
-        self.overrides: dict[str, str] = {}
-
-    def of(self, key: str) -> str:
-        for k, text in self.overrides.items():
-            if key == k or key.startswith(k + ".") or k.startswith(key + "."):
-                return f"command-line override {text!r}"
-        return f"file {self.file}" if self.file else "the given dict"
-
-
-def _err(msg: str, key: str, source: Source | None) -> ConfigError:
-    where = source.of(key) if source else "config"
-    return ConfigError(f"{key}: {msg} (in {where})")
-
-
-def _suggest(name: str, valid) -> str:
-    hit = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
-    return f"; did you mean {hit[0]!r}?" if hit else f"; valid keys: {', '.join(sorted(valid))}"
-
-
 def resolve_registry(spec: str):
     """``"flowrl.objectives:OBJECTIVES"`` → the Registry object."""
     mod, attr = spec.split(":")
@@ -133,11 +105,11 @@ def build_plugin(registry: str, data: Any, where: str, source: Source | None, de
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise _err(f"expected a mapping with 'kind', got {type(data).__name__}", where, source)
+        raise config_error(f"expected a mapping with 'kind', got {type(data).__name__}", where, source)
     data = dict(data)
     kind = data.pop("kind", default_kind)
     if kind is None:
-        raise _err("missing 'kind'", where, source)
+        raise config_error("missing 'kind'", where, source)
     shared = None
     if common is not None:
         names = {f.name for f in fields(common)}
@@ -146,80 +118,13 @@ def build_plugin(registry: str, data: Any, where: str, source: Source | None, de
     try:
         obj = reg.get(str(kind))
     except KeyError as e:
-        raise _err(str(e), f"{where}.kind", source) from None
+        raise config_error(str(e), f"{where}.kind", source) from None
     cls = plugin_config_class(obj)
     if cls is None:
         if data:
-            raise _err(f"{kind!r} takes no settings, got {sorted(data)}", where, source)
+            raise config_error(f"{kind!r} takes no settings, got {sorted(data)}", where, source)
         return Plugin(str(kind), None, shared)
     return Plugin(str(kind), from_dict(cls, data, where, source), shared)
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def convert(tp: Any, value: Any, where: str, source: Source | None) -> Any:
-    """Check ``value`` against annotation ``tp`` (YAML-parsed), converting only int→float and list→tuple."""
-    if tp in (dict, list, tuple):            # bare annotations: any items
-        tp = {dict: dict[str, Any], list: list[Any], tuple: tuple[Any, ...]}[tp]
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return convert(a, value, where, source)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise _err(f"expected {_type_name(tp)}, got {value!r}", where, source)
-    if origin is Literal:
-        if value not in args:
-            raise _err(f"expected one of {list(args)}, got {value!r}" + _suggest(str(value), map(str, args)),
-                       where, source)
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise _err(f"expected a list, got {value!r}", where, source)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise _err(f"expected {len(args)} items, got {len(value)}", where, source)
-            return tuple(convert(a, v, f"{where}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
-        item = args[0] if args else Any
-        out = [convert(item, v, f"{where}[{i}]", source) for i, v in enumerate(value)]
-        return tuple(out) if origin is tuple else out
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _err(f"expected a mapping, got {value!r}", where, source)
-        vt = args[1] if args else Any
-        return {str(k): convert(vt, v, f"{where}.{k}", source) for k, v in value.items()}
-    if is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        return from_dict(tp, value, where, source)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _err(f"expected a float, got {value!r} ({type(value).__name__})", where, source)
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _err(f"expected an int, got {value!r} ({type(value).__name__})", where, source)
-        return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise _err(f"expected a {tp.__name__}, got {value!r} ({type(value).__name__})", where, source)
-        return value
-    if tp is type(None):
-        if value is not None:
-            raise _err(f"expected null, got {value!r}", where, source)
-        return None
-    raise _err(f"unsupported annotation {tp!r} in the schema", where, source)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -234,12 +139,12 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise _err(f"expected a mapping for {cls.__name__}, got {data!r}", where or "<root>", source)
+        raise config_error(f"expected a mapping for {cls.__name__}, got {data!r}", where or "<root>", source)
     hints = _hints(cls)
     valid = {f.name: f for f in fields(cls) if f.init and not f.name.startswith("_")}   # _x: internal state
     for key in data:
         if key not in valid:
-            raise _err("unknown key" + _suggest(str(key), valid), prefix + str(key), source)
+            raise config_error("unknown key" + suggest_key(str(key), valid), prefix + str(key), source)
     kwargs = {}
     for name, f in valid.items():
         key = prefix + name
@@ -253,11 +158,11 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
         elif is_dataclass(hints[name]) and f.default is MISSING:   # nested section: its plugin defaults resolve
             kwargs[name] = from_dict(hints[name], {}, key, source)
         elif f.default is MISSING and f.default_factory is MISSING:
-            raise _err("required key is missing", key, source)
+            raise config_error("required key is missing", key, source)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:  # __post_init__ validation
-        raise _err(str(e), where or "<root>", source) from None
+        raise config_error(str(e), where or "<root>", source) from None
 
 
 def to_dict(obj: Any) -> Any:
@@ -313,7 +218,7 @@ def apply_overrides(data: dict, overrides: list[str], source: Source) -> dict:
 def read_yaml_file(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        near = _suggest(p.name, [q.name for q in p.parent.glob("*.yaml")]) if p.parent.is_dir() else ""
+        near = suggest_key(p.name, [q.name for q in p.parent.glob("*.yaml")]) if p.parent.is_dir() else ""
         raise ConfigError(f"config file not found: {path}" + (near if near.startswith("; did") else "")
                           + " (give a path to a YAML recipe, e.g. configs/default.yaml)")
     try:
