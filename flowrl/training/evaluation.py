@@ -2,11 +2,19 @@
 weights (the eval EMA swapped in when enabled, Flow-GRPO's practice, reference A §2.4), scored with the training
 rewards and the ``eval.held_out`` monitors; grids + ``metrics.jsonl`` + ``index.html`` go to
 ``<run dir>/eval/<tag>/`` (``flowrl.eval.run_eval``). Only the main process evaluates.
+
+Every evaluation also reports the hacking detectors (``eval/detect/*``, ``eval/diversity``) and the RMS of the
+velocity per ODE step on the fixed evaluation noise (``eval/velocity_rms/mean``; RL inflates it under NFT, AWM
+and DPO, reference G §2.5). The "before" evaluation is the base: later evaluations raise ``eval/alarm/<stat>``
+when a statistic leaves its band around it (``flowrl.eval.drift``); a resumed run reads the base back from
+``metrics.jsonl``.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 
 @contextmanager
@@ -23,6 +31,25 @@ def ema_weights(ema):
         ema.restore()
 
 
+class VelocityMeter:
+    """Wraps a policy so every ``velocity`` call records the per-sample RMS of v; all else is the policy's."""
+
+    def __init__(self, policy):
+        self._policy = policy
+        self.rms: list[torch.Tensor] = []
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    def velocity(self, x, sigma, cond, guidance=None):
+        v = self._policy.velocity(x, sigma, cond, guidance)
+        self.rms.append(v.detach().float().flatten(1).pow(2).mean(1).sqrt())
+        return v
+
+    def mean(self) -> float:
+        return float(torch.cat(self.rms).mean()) if self.rms else float("nan")
+
+
 class Evaluator:
     """``evaluate(step, tag, logger)`` → ``eval/<reward>/mean`` etc. (logged and returned)."""
 
@@ -33,6 +60,7 @@ class Evaluator:
         self.run_dir, self.run_name = Path(run_dir), run_name
         self.guidance = sampler_cfg.eval_guidance if sampler_cfg.eval_guidance is not None else rollout_guidance
         self._rewards: dict | None = None
+        self.base: dict | None = None      # the "before" summary, reference of the drift alarms
 
     def rewards(self) -> dict:
         """{name: reward} scored at evaluation: the training rewards plus the held-out monitors (built once)."""
@@ -48,6 +76,14 @@ class Evaluator:
             self._rewards = table
         return self._rewards
 
+    def load_base(self) -> None:
+        """The base summary of a resumed run: the step-0 evaluation record of its metrics.jsonl, if any."""
+        from flowrl.training.metrics_log import read_metrics
+
+        path = self.run_dir / "metrics.jsonl"
+        recs = read_metrics(path) if path.is_file() else []
+        self.base = next((r for r in recs if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), None)
+
     def evaluate(self, step: int, tag: str, logger) -> dict:
         from flowrl.eval import run_eval
 
@@ -55,12 +91,16 @@ class Evaluator:
         summary: dict = {}
         if self.dist.is_main:
             items = self.prompts.fixed(e.num_prompts)
+            meter = VelocityMeter(self.policy)
             with ema_weights(self.ema):
-                summary = run_eval({"trained": (self.policy, "train")}, [p for p, _ in items], [m for _, m in items],
+                summary = run_eval({"trained": (meter, "train")}, [p for p, _ in items], [m for _, m in items],
                                    e.seeds, self.rewards(), self.run_dir / "eval" / tag, steps=s.eval_steps,
                                    guidance=self.guidance, height=s.height, width=s.width, num_frames=s.num_frames,
                                    batch_size=e.batch, rows_per_page=e.grid_prompts, step=step,
-                                   title=f"{self.run_name}: {tag}")
+                                   title=f"{self.run_name}: {tag}", base_stats=self.base)
+            summary["eval/velocity_rms/mean"] = meter.mean()
+            if self.base is None:
+                self.base = summary
             logger.log(summary, step=step)
         self.dist.barrier()
         return summary

@@ -69,6 +69,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.run.resume:
             load_run(cfg.run_dir, self.run_state, self.dist)
+            self.evaluator.load_base()
         elif self.dist.is_main:
             save_resolved(cfg)
         logger = self.logger(self.state.iteration if cfg.run.resume else None)
