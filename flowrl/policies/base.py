@@ -1,4 +1,5 @@
-"""The Policy contract: what every model adapter (sd3, flux, wan, toy) provides.
+"""The Policy contract (the ``Policy`` Protocol below is the whole contract): what every model family
+(sd3, flux, wan, toy) provides.
 
 A policy answers "what is v_θ(x, σ, c)" for one model family; samplers, objectives and the trainer only
 talk to this contract, so model differences live in ``flowrl/policies/`` alone.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -22,38 +24,76 @@ from flowrl.types import Cond
 
 @runtime_checkable
 class Policy(Protocol):
+    """Everything the loop, the samplers, the objectives, evaluation and checkpoints ask of a model family.
+
+    Shapes: B samples; latents (B, *latent_shape) float32 (images (B, C, h, w), videos (B, C, f, h, w)); σ is
+    (B,) float32 in [0, 1] (σ = 1 noise, x_σ = (1−σ)·x0 + σ·ε, v = ε − x0; ``flowrl.types``). ``PolicyBase``
+    implements the adapter and weight methods for the diffusers families; a new family implements the rest.
+    """
+
     family: str                 # "sd3" | "flux" | "wan" | "toy"
     device: torch.device
     dtype: torch.dtype          # model compute dtype; samplers keep float32 latents
-    default_guidance: float     # the family's CFG / distilled-guidance default
+    default_guidance: float     # the family's CFG / distilled-guidance default (sampler.guidance: None → this)
 
+    # ---- construction (classmethods) --------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path=None, dtype: torch.dtype = torch.bfloat16, device="cpu", config=None) -> Policy:
+        """Load from a hub id or local directory (None → the family's default checkpoint)."""
+
+    @classmethod
+    def tiny(cls, seed: int = 0, config=None, device="cpu") -> Policy:
+        """A tiny random instance built from config objects (tests, dry runs; no download)."""
+
+    def save_pretrained(self, directory) -> Path:
+        """Diffusers layout + adapters that ``from_pretrained(directory)`` restores exactly."""
+
+    # ---- the model -----------------------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                cfg: bool = True) -> Cond:
-        """Text conditioning (B,...). With ``cfg`` the unconditional / negative part is filled too."""
+        """Text conditioning of B prompts (``Cond.embeds`` tensors with B rows). With ``cfg`` the unconditional /
+        negative part ``Cond.uncond`` is filled too (same shapes)."""
 
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         """Per-sample latent shape for a pixel resolution, e.g. (C, H/8, W/8) or (C, F', H', W')."""
 
     def noise(self, generators: Sequence[torch.Generator], height: int, width: int,
               num_frames: int | None = None) -> Tensor:
-        """Starting noise (B, ...) float32, row b drawn from ``generators[b]`` alone (reproducible per sample)."""
+        """Starting noise (B, *latent_shape) float32, row b drawn from ``generators[b]`` alone."""
 
     def sigmas(self, num_steps: int, latents: Tensor) -> Tensor:
         """The (num_steps + 1,) float32 σ grid the family's diffusers pipeline uses for these latents
-        (shift, FLUX resolution-dependent shift), ending with 0."""
+        (shift, FLUX resolution-dependent shift), decreasing from ≤ 1 to 0."""
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Cond, guidance: float | None = None) -> Tensor:
-        """v(x, σ) (B, ...) float32. ``sigma`` is (B,) or a scalar in [0, 1]. CFG is applied inside:
-        ``v_u + w·(v_c − v_u)`` when w > 1 and ``cond.uncond`` is set (FLUX: distilled guidance embedding)."""
+        """v(x, σ) (B, ...) float32 for latents x (B, ...) and σ (B,) or a scalar, under the active adapter.
+        CFG inside: ``v_u + w·(v_c − v_u)`` when w > 1 and ``cond.uncond`` is set (FLUX: the distilled guidance
+        embedding); ``guidance=None`` → ``default_guidance`` if ``cond.uncond`` is set, else 1."""
 
     def decode(self, latents: Tensor) -> Tensor:
-        """Pixels in [0, 1]: images (B, 3, H, W) or videos (B, F, 3, H, W)."""
+        """Pixels float32 in [0, 1]: images (B, 3, H, W) or videos (B, F, 3, H, W)."""
 
+    # ---- weights: the "train" and "old" adapters (or full fine-tune) and the frozen base ---------------------------
     def adapter(self, name: str | None) -> AbstractContextManager:
-        """Context in which ``velocity`` runs under adapter ``name`` ("train", "old") or the base (None)."""
+        """Context in which ``velocity`` runs under adapter ``name`` ("train", "old") or the frozen base (None)."""
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """Parameters the optimizer updates (the "train" LoRA adapter, or all transformer weights)."""
+        """Parameters the optimizer updates (the "train" LoRA adapter, or every transformer weight)."""
+
+    def copy_adapter(self, src: str = "train", dst: str = "old") -> None:
+        """dst ← src."""
+
+    def soft_update_adapter(self, decay: float, src: str = "train", dst: str = "old") -> None:
+        """dst ← decay·dst + (1 − decay)·src."""
+
+    def adapter_state_dict(self, name: str = "train") -> dict[str, Tensor]:
+        """Adapter ``name``'s tensors (CPU-loadable), the checkpoint groups "train" / "old"."""
+
+    def load_adapter_state_dict(self, state: dict[str, Tensor], name: str = "train") -> None:
+        """Inverse of ``adapter_state_dict``."""
+
+    def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute transformer activations in backward."""
 
 
 # --------------------------------------------------------------------------------------------------
