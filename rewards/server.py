@@ -16,29 +16,25 @@ Wire format: ``rewards.wire``.  Faults and their answers (limits in ``ServerLimi
                            or every worker is busy and the pending queue is full (``Retry-After: 1``)
     connections            a fixed pool of worker threads behind a bounded queue and a listen backlog of 128;
                            idle or half-open connections are closed after the idle timeout
+                           (``rewards.http_pool``)
 """
 from __future__ import annotations
 
 import argparse
 import hmac
-import io
 import json
 import os
 import queue
 import secrets
-import select
-import socket
 import sys
 import threading
-import time
 from dataclasses import dataclass, field, fields
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import torch
 from torch import Tensor
 
 from rewards.base import RewardError, RewardInput, check_input
+from rewards.http_pool import PooledHTTPServer, PooledJSONHandler
 from rewards.wire import WireError, WireTooLarge, decode_request, encode_scores
 
 TRANSIENT = (RuntimeError, OSError, MemoryError)  # reward failures worth a retry (OOM, CUDA, I/O): 500
@@ -161,240 +157,72 @@ class Batcher:
         self.jobs.put(None)
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Raw reader of a connection's socket that enforces the idle and whole-request timeouts, and reports end of
-    stream when the connection has no request under way, has idled ``yield_idle_s`` and others wait for a worker
-    (so idle keep-alive and half-open connections give their worker up)."""
+class _ScoreHandler(PooledJSONHandler):
+    """``POST /score`` (token, body, decode, score, reply) and ``GET /health`` for one reward; ``_handler``
+    binds the reward's name, batcher, token, limits and accepted media to a subclass."""
 
-    def __init__(self, sock: socket.socket, limits: ServerLimits, others_waiting):
-        self.sock, self.limits, self.others_waiting = sock, limits, others_waiting
-        self.poller = select.poll()
-        self.poller.register(sock, select.POLLIN)
-        self.start()
+    name: str
+    batcher: Batcher
+    token: str
+    accepts: tuple[str, ...]
+    usage = "use POST /score or GET /health"
 
-    def start(self) -> None:
-        """A new request may begin: its whole-request deadline starts now."""
-        self.began = time.monotonic()
-        self.deadline, self.received, self.timed_out = self.began + self.limits.read_timeout_s, 0, False
+    def error_body(self, reason: str) -> dict:
+        return {"error": reason, "reward": self.name}
 
-    def readable(self) -> bool:
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, json.dumps({"reward": self.name, "ok": True}).encode())
+        else:
+            self._refuse(404, f"unknown path {self.path!r}; use POST /score or GET /health")
+
+    def _authorized(self) -> bool:
+        """The path is ``/score`` and the bearer token matches; else False after a 404/401."""
+        if self.path != "/score":
+            self._refuse(404, f"unknown path {self.path!r}; use POST /score")
+            return False
+        auth = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
+            self._refuse(401, "missing or wrong token (header 'Authorization: Bearer <token>')")
+            return False
         return True
 
-    def _wait(self) -> bool:
-        """True once the socket has data; False to give the worker up; TimeoutError past a timeout."""
-        idle_until = time.monotonic() + self.limits.idle_timeout_s
-        while True:
-            now = time.monotonic()
-            if not self.received and now - self.began >= self.limits.yield_idle_s and self.others_waiting():
-                return False
-            until = min(idle_until, self.deadline)
-            if now >= until:
-                self.timed_out = True
-                raise TimeoutError("no data within the idle timeout or the request deadline")
-            if self.received:  # mid-request: wait for data until a timeout
-                slice_s = until - now
-            else:  # between requests: look at the queue every 50 ms once yield_idle_s has passed
-                slice_s = min(until, max(self.began + self.limits.yield_idle_s, now + 0.05)) - now
-            if self.poller.poll(slice_s * 1000):
-                return True
+    def _score_and_reply(self, body: bytes) -> None:
+        """Decode, check and score one request body and reply the scores, or 413/400 (bad request) or the
+        status of the reward's failure (``ScoreError``)."""
+        try:
+            batch = decode_request(body, max_unpacked=self.limits.max_unpacked_bytes)
+            check_input(batch, self.name, self.accepts)
+            scores = self.batcher.score(batch, timeout=self.limits.score_timeout_s)
+        except WireTooLarge as e:
+            return self._error(413, str(e))
+        except (WireError, RewardError) as e:
+            return self._error(400, str(e))
+        except ScoreError as e:
+            return self._error(e.status, e.reason)
+        self._send(200, encode_scores(self.name, scores))
 
-    def readinto(self, buf) -> int:
-        if not self._wait():
-            return 0
-        n = self.sock.recv_into(buf)
-        self.received += n
-        return n
+    def _score(self) -> None:
+        if self._authorized() and (body := self.read_request_body()) is not None:
+            self._score_and_reply(body)
 
-
-class _PooledHTTPServer(HTTPServer):
-    """HTTPServer whose connections are served by ``workers`` threads from a bounded queue; a connection that
-    finds the queue full gets an immediate 503 (``Retry-After: 1``)."""
-
-    def __init__(self, address, handler, limits: ServerLimits):
-        self.request_queue_size = limits.backlog  # listen(backlog); socketserver's default is 5
-        super().__init__(address, handler)
-        self.pending: queue.Queue = queue.Queue()  # bounded in process_request, so stop() can always enqueue
-        self.max_pending = limits.pending
-        self.workers = [threading.Thread(target=self._work, daemon=True, name=f"reward-http-{i}")
-                        for i in range(limits.workers)]
-        for t in self.workers:
-            t.start()
-
-    def process_request(self, request, client_address) -> None:
-        if self.pending.qsize() < self.max_pending:  # the accept loop is the only producer: no race
-            self.pending.put((request, client_address))
-        else:
-            body = json.dumps({"error": "server busy: every worker is serving and the queue is full"}).encode()
-            try:
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-                                % (len(body), body))
-            except OSError:
-                pass
-            self.shutdown_request(request)
-
-    def _work(self) -> None:
-        while (item := self.pending.get()) is not None:
-            request, client_address = item
-            try:
-                self.finish_request(request, client_address)
-            except Exception:  # noqa: BLE001 - one connection's failure must not kill the worker
-                self.handle_error(request, client_address)
-            finally:
-                self.shutdown_request(request)
-
-    def handle_error(self, request, client_address) -> None:
-        err = sys.exc_info()[1]
-        if not isinstance(err, (ConnectionError, TimeoutError)):  # a peer hanging up is not news
-            print(f"reward server: {client_address}: {type(err).__name__}: {err}", file=sys.stderr)
-
-    def server_close(self) -> None:
-        super().server_close()
-        while True:
-            try:
-                item = self.pending.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self.shutdown_request(item[0])
-        for _ in self.workers:
-            self.pending.put(None)
+    def do_POST(self):
+        try:
+            self._score()
+        except (ConnectionError, TimeoutError):  # the client left or stalled while we answered
+            self.close_connection = True
+        except Exception as e:
+            if self.replied:
+                raise
+            self._error(500, f"server error: {type(e).__name__}: {e}", close=True)
 
 
-def _handler(name: str, batcher: Batcher, token: str, limits: ServerLimits, accepts: tuple[str, ...]):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = limits.idle_timeout_s
-
-        def setup(self):
-            super().setup()
-            self.rfile.close()
-            self.reader = _DeadlineReader(self.connection, limits, lambda: self.server.pending.qsize() > 0)
-            self.rfile = io.BufferedReader(self.reader)
-            self.replied, self.linger = False, False
-            self.requestline, self.request_version = "", "HTTP/1.1"  # for a reply before any request line
-
-        def handle_one_request(self):
-            self.reader.start()
-            self.replied = False
-            super().handle_one_request()
-            if self.reader.timed_out and self.reader.received and not self.replied:
-                self._error(408, f"request not received within the timeouts (idle {limits.idle_timeout_s} s, "
-                                 f"whole request {limits.read_timeout_s} s)", close=True)
-
-        def finish(self):
-            super().finish()
-            if self.linger:  # let the client finish sending, so it reads our reply instead of a reset
-                _drain(self.connection, limits.linger_s, limits.max_bytes)
-
-        def log_message(self, fmt, *args):  # quiet by default; errors still reach the client
-            pass
-
-        def _send(self, code: int, body: bytes, close: bool = False) -> None:
-            self.connection.settimeout(limits.idle_timeout_s)
-            self.replied = True
-            if not self.request_version.startswith("HTTP/1."):  # garbage parsed as HTTP/0.9 still gets a status
-                self.request_version = "HTTP/1.1"
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            if code == 405:
-                self.send_header("Allow", "GET, POST")
-            if close or self.server.pending.qsize():  # keep-alive only while no connection waits for a worker
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _error(self, code: int, reason: str, close: bool = False) -> None:
-            self._send(code, json.dumps({"error": reason, "reward": name}).encode(), close)
-
-        def _refuse(self, code: int, reason: str) -> None:
-            """An error before the body was read: reply, close, and drain what the client still sends."""
-            self.linger = True
-            self._error(code, reason, close=True)
-
-        def send_error(self, code, message=None, explain=None):  # http.server's own parse errors, as JSON
-            if code == HTTPStatus.NOT_IMPLEMENTED:
-                code, message = 405, f"method {self.command!r} not allowed; use POST /score or GET /health"
-            self._refuse(int(code), message or HTTPStatus(code).phrase)
-
-        def do_GET(self):
-            if self.path == "/health":
-                self._send(200, json.dumps({"reward": name, "ok": True}).encode())
-            else:
-                self._refuse(404, f"unknown path {self.path!r}; use POST /score or GET /health")
-
-        def _content_length(self) -> int | None:
-            values = self.headers.get_all("Content-Length") or []
-            if not values:
-                return self._refuse(411, "Content-Length header required")
-            if len(set(values)) > 1 or not (values[0].isascii() and values[0].strip().isdigit()):
-                return self._refuse(400, f"Content-Length must be one non-negative decimal integer, got {values}")
-            length = int(values[0])
-            if length > limits.max_bytes:
-                return self._refuse(413, f"body of {length} bytes exceeds the limit of {limits.max_bytes}")
-            return length
-
-        def _read_body(self, length: int) -> bytes | None:
-            try:
-                body = self.rfile.read(length)
-            except TimeoutError:
-                got = self.reader.received
-                return self._error(408, f"body not received in time ({got} bytes of headers and body read; "
-                                        f"idle {limits.idle_timeout_s} s, request {limits.read_timeout_s} s)",
-                                   close=True)
-            if len(body) < length:
-                return self._error(400, f"body ended after {len(body)} of {length} bytes", close=True)
-            return body
-
-        def _score(self) -> None:
-            if self.path != "/score":
-                return self._refuse(404, f"unknown path {self.path!r}; use POST /score")
-            auth = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
-                return self._refuse(401, "missing or wrong token (header 'Authorization: Bearer <token>')")
-            if (length := self._content_length()) is None or (body := self._read_body(length)) is None:
-                return None
-            try:
-                batch = decode_request(body, max_unpacked=limits.max_unpacked_bytes)
-                check_input(batch, name, accepts)
-                scores = batcher.score(batch, timeout=limits.score_timeout_s)
-            except WireTooLarge as e:
-                return self._error(413, str(e))
-            except (WireError, RewardError) as e:
-                return self._error(400, str(e))
-            except ScoreError as e:
-                return self._error(e.status, e.reason)
-            self._send(200, encode_scores(name, scores))
-
-        def do_POST(self):
-            try:
-                self._score()
-            except (ConnectionError, TimeoutError):  # the client left or stalled while we answered
-                self.close_connection = True
-            except Exception as e:
-                if self.replied:
-                    raise
-                self._error(500, f"server error: {type(e).__name__}: {e}", close=True)
-
-    return Handler
-
-
-def _drain(sock: socket.socket, seconds: float, max_bytes: int) -> None:
-    """Half-close ``sock`` and read and drop what the peer still sends, for at most ``seconds``/``max_bytes``."""
-    deadline, got = time.monotonic() + seconds, 0
-    try:
-        sock.shutdown(socket.SHUT_WR)
-        while got < max_bytes and (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                return
-            got += len(chunk)
-    except OSError:
-        pass
+def _handler(name: str, batcher: Batcher, token: str, limits: ServerLimits,
+             accepts: tuple[str, ...]) -> type[_ScoreHandler]:
+    """A handler class for one reward (http.server builds one handler per connection from a class)."""
+    bound = {"name": name, "batcher": batcher, "token": token, "limits": limits, "accepts": accepts,
+             "timeout": limits.idle_timeout_s}
+    return type("Handler", (_ScoreHandler,), bound)
 
 
 class RewardServer:
@@ -409,7 +237,7 @@ class RewardServer:
         self.batcher = Batcher(reward, max_batch=max_batch)
         accepts = tuple(getattr(reward, "accepts", ("image", "video")))
         handler = _handler(self.name, self.batcher, token, self.limits, accepts)
-        self.httpd = _PooledHTTPServer((host, port), handler, self.limits)
+        self.httpd = PooledHTTPServer((host, port), handler, self.limits)
         self._thread: threading.Thread | None = None
 
     @property
