@@ -2,13 +2,13 @@
 
 Every balancer module exposes a ``Config`` dataclass (anchor defaults) and
 
-    balance(R, group_ids, weights=None, state=None, cfg=None) -> (advantages (N,), diagnostics dict)
+    balance(R, group_ids, weights=None, state=None, cfg=None, services=None) -> (advantages (N,), diagnostics)
 
 R[:, k] is reward k (NaN = "does not apply to this sample", masked per reward); group_ids (N,) int; weights
 (K,) static reward weights (None → 1); state a dict the balancer may read and update in place (checkpoint it
-with the trainer; only MARBLE keeps anything). ``marble.balance`` also takes ``gram=`` (K×K reward-gradient
-Gram matrix, see ``marble.needs_gram``). Names resolve lazily through ``BALANCERS``; ``get_balancer(name)``
-returns the module-level ``(balance, Config)`` pair.
+with the trainer; MARBLE, PCGrad and FAMO keep theirs there). A balancer that needs the K×K reward-gradient
+Gram (MARBLE, PCGrad) asks ``services.reward_gram(A_k)`` for it (``flowrl.balancers.services``). Names resolve
+lazily through ``BALANCERS``; ``get_balancer(name)`` returns the module-level ``(balance, Config)`` pair.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ BALANCERS = Registry(
         "sa_mrpo": "flowrl.balancers.sa_mrpo:balance",
         "dara": "flowrl.balancers.dara:balance",
         "gd2po": "flowrl.balancers.gd2po:balance",
+        "pcgrad": "flowrl.balancers.pcgrad:balance",
+        "famo": "flowrl.balancers.famo:balance",
     },
 )
 
