@@ -5,6 +5,9 @@ OCR engine) only inside ``setup``.  A reward is found by registry name, by a ``f
 point, or by a ``module:attr`` / ``path/to/file.py:attr`` string (see docs/rewards.md).
 """
 from flowrl.registry import Registry
+from rewards.base import RewardError, RewardInput, make_input
+from rewards.build import build_reward
+from rewards.compose import RewardScores, RewardSet, RewardSpec
 
 REWARDS = Registry(
     "reward",
@@ -38,10 +41,6 @@ def register(name: str):
     """Decorator: ``@register("brightness")`` on a reward class or function makes it usable by name."""
     return REWARDS.register(name)
 
-
-from rewards.base import RewardError, RewardInput, make_input
-from rewards.build import build_reward
-from rewards.compose import RewardScores, RewardSet, RewardSpec
 
 __all__ = [
     "REWARDS",
