@@ -204,7 +204,8 @@ class MergedStep:
 
     def plan(self, iteration: int, num_steps: int, rng: random.Random | None = None) -> StepPlan:
         if len(self.steps) != len(self.merges) or not self.steps:
-            raise ValueError(f"merged window: steps {self.steps} and merges {self.merges} must be equal-length, non-empty")
+            raise ValueError(f"merged window: steps {self.steps} and merges {self.merges} "
+                             "must be equal-length, non-empty")
         if self.choose == "random":
             if rng is None:
                 raise ValueError("MergedStep(choose='random').plan needs rng")

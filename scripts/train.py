@@ -2,7 +2,7 @@
 
     python scripts/train.py                                   # the toy shapes world (configs/default.yaml)
     python scripts/train.py --config configs/toy/nft.yaml train.lr=1e-4 rewards.shapes.weight=0.5
-    accelerate launch --config_file configs/accelerate/ddp.yaml scripts/train.py --config configs/sd35/grpo_pickscore.yaml
+    accelerate launch --config_file configs/accelerate/ddp.yaml scripts/train.py -c configs/sd35/grpo_pickscore.yaml
     python scripts/train.py --config configs/default.yaml --print-config     # resolved config, then exit
     python scripts/train.py --resume runs/default [train.iterations=200]     # continue a run exactly
 
@@ -21,8 +21,10 @@ DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--config", "-c", default=None, help=f"YAML recipe (default: {DEFAULT.relative_to(DEFAULT.parents[1])})")
-    ap.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    ap.add_argument("--config", "-c", default=None,
+                    help=f"YAML recipe (default: {DEFAULT.relative_to(DEFAULT.parents[1])})")
+    ap.add_argument("--resume", default=None, metavar="RUN_DIR",
+                    help="continue the run in RUN_DIR from its latest checkpoint")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=1e-4")
     args = ap.parse_args(argv)

@@ -3,9 +3,9 @@
 A checkpoint (``flowrl.checkpoint.store``, atomic) holds tensor groups ``train`` and ``old`` (the LoRA adapters,
 or the full transformer weights), ``ema`` (the eval-EMA shadow), and a state dict with the optimizer, the loop
 counters (iteration = data position, optimizer steps, rollout NFEs, skip counts), the balancer state (MARBLE's
-α-EMA), the objective's state (its ``end_iteration`` hook), the window position (MixGRPO) and every RNG. Every rollout's noise and every training draw come from
-generators derived from (seed, iteration, ...), so after ``load_run`` the run continues bitwise identically on
-CPU (``tests/trainer/test_resume.py``).
+α-EMA), the objective's state (its ``end_iteration`` hook), the window position (MixGRPO) and every RNG.
+Every rollout's noise and every training draw come from generators derived from (seed, iteration, ...), so
+after ``load_run`` the run continues bitwise identically on CPU (``tests/trainer/test_resume.py``).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 ``batch(iteration, n)`` is a pure function of (source, seed, iteration), so the data position after a resume is
 simply the iteration counter and every process computes the same global prompt list (no distributed data
-"sampler" object is needed: each process takes its slice of the samples, see ``flowrl.distributed.processes.local_slice``).
+"sampler" object is needed: each process takes its slice of the samples, see
+``flowrl.distributed.processes.local_slice``).
 
 Sources (``data.train`` / ``data.eval`` in the config):
 - ``shapes:train`` / ``shapes:heldout`` — the built-in shapes world (``flowrl.data.shapes``), with metadata the

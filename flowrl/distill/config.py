@@ -14,7 +14,8 @@ from flowrl.distill.dmd import DMDConfig
 
 METHODS = ("dmd", "stream_r1", "rmd", "ode_init")
 
-WAN_NEGATIVE_PROMPT = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
+WAN_NEGATIVE_PROMPT = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，"
+                       "静止，整体发灰，最差质量，低质量，"
                        "JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，"
                        "手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
 """Wan2.1's default negative prompt (the unconditional branch of the real score in Self-Forcing)."""
@@ -29,7 +30,7 @@ class ModelConfig:
     teacher: str = ""            # diffusers Wan checkpoint dir (Self-Forcing: Wan2.1-T2V-14B)
     student_init: str = ""       # bidirectional (or causal) Wan checkpoint for the student; "" = teacher
     critic_init: str = ""        # fake-score init; "" = student_init
-    student_original: str = ""   # then overwrite the student with an original-format .pt (e.g. Self-Forcing ode_init.pt)
+    student_original: str = ""   # then overwrite the student with an original-format .pt (Self-Forcing ode_init.pt)
     student_original_key: str = "generator"   # entry of that .pt ("generator" | "generator_ema")
     text_encoder: str = ""       # Wan checkpoint dir with text_encoder/ + tokenizer/; "" = offline hash encoder
     vae: str = ""                # Wan checkpoint dir with vae/; "" = tiny VAE

@@ -31,7 +31,10 @@ class Batch:
 def _rmd_inputs(x: Tensor, batch: Batch, cfg) -> tuple[Tensor, Batch]:
     n = x.shape[2] // cfg.rmd.score_chunk_frames
     xs = rmd.split_chunks(x, cfg.rmd.score_chunk_frames)
-    rep = lambda t: None if t is None else t.repeat_interleave(n, dim=0)
+
+    def rep(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.repeat_interleave(n, dim=0)
+
     return xs, Batch([p for p in batch.prompts for _ in range(n)], rep(batch.text), rep(batch.text_neg))
 
 
@@ -60,9 +63,12 @@ def _first_rest(xs: Tensor, cb: Batch, batch_size: int) -> tuple[tuple, tuple]:
     n = xs.shape[0] // batch_size
     first = torch.arange(batch_size) * n
     rest = torch.tensor([i for i in range(xs.shape[0]) if i % n])
-    pick = lambda idx: (xs[idx.to(xs.device)], Batch([cb.prompts[i] for i in idx.tolist()],
-                        cb.text[idx.to(cb.text.device)],
-                        None if cb.text_neg is None else cb.text_neg[idx.to(cb.text_neg.device)]))
+
+    def pick(idx: Tensor) -> tuple[Tensor, Batch]:
+        return (xs[idx.to(xs.device)],
+                Batch([cb.prompts[i] for i in idx.tolist()], cb.text[idx.to(cb.text.device)],
+                      None if cb.text_neg is None else cb.text_neg[idx.to(cb.text_neg.device)]))
+
     return pick(first), pick(rest)
 
 

@@ -50,7 +50,10 @@ def stage_settings(step: int, cfg: Config, lr_generator: float, lr_critic: float
     """(generator lr, critic lr, critic steps per generator step) in force at ``step``."""
     if stage(step, cfg) == "chunk":
         return lr_generator, lr_critic, ratio
-    pick = lambda v, d: d if v is None else v
+
+    def pick(v, d):
+        return d if v is None else v
+
     return (pick(cfg.video_lr_generator, lr_generator), pick(cfg.video_lr_critic, lr_critic),
             pick(cfg.video_critic_steps_per_generator, ratio))
 

@@ -1,10 +1,11 @@
 """Evaluate trainer checkpoints: swap a checkpoint's weights into a policy's "train" weight set for a block.
 
-A trainer checkpoint (``flowrl.checkpoint.resume.save_run`` through ``flowrl.checkpoint``) holds tensor groups ``train`` and
-``old`` (adapter or full-transformer state dicts, ``policy.adapter_state_dict`` keys) and ``ema`` (the eval-EMA
-shadow of ``policy.trainable_parameters()``, keys ``00000, 00001, …`` in parameter order). ``checkpoint_weights``
-loads one of them into the "train" weights, runs the block under ``policy.adapter("train")`` and puts the previous
-weights back afterwards, so several checkpoints can be evaluated one after another on one model.
+A trainer checkpoint (``flowrl.checkpoint.resume.save_run`` through ``flowrl.checkpoint``) holds tensor groups
+``train`` and ``old`` (adapter or full-transformer state dicts, ``policy.adapter_state_dict`` keys) and ``ema``
+(the eval-EMA shadow of ``policy.trainable_parameters()``, keys ``00000, 00001, …`` in parameter order).
+``checkpoint_weights`` loads one of them into the "train" weights, runs the block under
+``policy.adapter("train")`` and puts the previous weights back afterwards, so several checkpoints can be
+evaluated one after another on one model.
 """
 from __future__ import annotations
 

@@ -51,7 +51,8 @@ def build_tokenizer(words: list[str] | None = None):
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>", special_tokens=[("<bos>", SPECIAL_TOKENS["<bos>"]), ("<eos>", SPECIAL_TOKENS["<eos>"])])
+        single="<bos> $A <eos>",
+        special_tokens=[("<bos>", SPECIAL_TOKENS["<bos>"]), ("<eos>", SPECIAL_TOKENS["<eos>"])])
     tok.enable_truncation(MAX_TOKENS)
     tok.enable_padding(pad_id=SPECIAL_TOKENS["<pad>"], pad_token="<pad>", length=MAX_TOKENS)
     return tok

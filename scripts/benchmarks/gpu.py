@@ -276,8 +276,9 @@ def bench_family(family: str, args) -> dict:
     policy = cls(components(family, transformer, dtype), config, device, dtype)   # adds "train"/"old" LoRA
     pipe, seq_len = policy.pipe, config.max_sequence_length         # the stock pipeline on the same components
     pipe.set_progress_bar_config(disable=True)
-    rec = {"params_b": round(n_params / 1e9, 3), "build_s": built["s"], "height": h, "width": w, "frames": frames, "batch": b, "steps": args.steps,
-           "lora_rank": config.lora.rank, "gradient_checkpointing": config.gradient_checkpointing}
+    rec = {"params_b": round(n_params / 1e9, 3), "build_s": built["s"], "height": h, "width": w, "frames": frames,
+           "batch": b, "steps": args.steps, "lora_rank": config.lora.rank,
+           "gradient_checkpointing": config.gradient_checkpointing}
     x = policy.noise([torch.Generator().manual_seed(i) for i in range(b)], h, w, frames)
     with torch.no_grad(), policy.adapter(None):                     # LoRA layers bypassed: the stock model
         pipeline_call(family, pipe, x, 1, geometry, seq_len)

@@ -84,7 +84,8 @@ def noise(policy, args):
 def run_pipeline(pipe, cond, x1, args):
     u = cond.uncond or {}
     return pipe(prompt_embeds=cond.embeds["prompt_embeds"], pooled_prompt_embeds=cond.embeds["pooled_prompt_embeds"],
-                negative_prompt_embeds=u.get("prompt_embeds"), negative_pooled_prompt_embeds=u.get("pooled_prompt_embeds"),
+                negative_prompt_embeds=u.get("prompt_embeds"),
+                negative_pooled_prompt_embeds=u.get("pooled_prompt_embeds"),
                 latents=x1.clone(), num_inference_steps=args.steps, guidance_scale=args.guidance,
                 output_type="latent").images
 
@@ -147,7 +148,8 @@ def measure_peak(args) -> dict:
 
 def subprocess_peak(mode: str, argv: list[str]) -> dict:
     cmd = [sys.executable, __file__, *argv, "--measure", mode]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -170,8 +172,9 @@ def main(argv: list[str]) -> dict:
     cpu = {k: min(t[1] for t in v) for k, v in times.items()}
     wall = {k: min(t[0] for t in v) for k, v in times.items()}
     result = {
-        "bench": "samplers", "model": f"SD3 MMDiT {args.layers}L×{args.heads}h×{args.head_dim}, "
-                                      f"{(args.latent // 2) ** 2} image tokens, batch {args.batch}, CFG {args.guidance}",
+        "bench": "samplers",
+        "model": f"SD3 MMDiT {args.layers}L×{args.heads}h×{args.head_dim}, "
+                 f"{(args.latent // 2) ** 2} image tokens, batch {args.batch}, CFG {args.guidance}",
         "steps": args.steps, "threads": torch.get_num_threads(),
         "ode_ratio": cpu["ode"] / cpu["pipeline"], "sde_ratio": cpu["sde"] / cpu["pipeline"],
         "ode_ratio_wall": wall["ode"] / wall["pipeline"], "sde_ratio_wall": wall["sde"] / wall["pipeline"],
