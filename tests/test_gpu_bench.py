@@ -52,8 +52,8 @@ def _bench():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the bench would run, not skip")
 def test_skips_cleanly_without_cuda():
     assert _bench().main([]) == {"bench": "gpu", "skipped": "no CUDA device"}
-    proc = subprocess.run([sys.executable, "scripts/bench.py", "gpu"], cwd=ROOT, capture_output=True, text=True, check=False,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "scripts/bench.py", "gpu"], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == {"bench": "gpu", "skipped": "no CUDA device"}

@@ -48,8 +48,13 @@ def test_cfg_conventions():
 def test_generator_loss_through_tiny_scores_matches_closed_form():
     """With linear toy scores the real/fake x̂ are known; the loss gradient must be g/N."""
     cfg = DMDConfig(guidance_scale=3.0)
-    teacher = lambda x, t, c: x * 0.5 + c.mean()
-    critic = lambda x, t, c: x * 0.2
+
+    def teacher(x, t, c):
+        return x * 0.5 + c.mean()
+
+    def critic(x, t, c):
+        return x * 0.2
+
     x = torch.randn(2, 3, 2, 2, 2, requires_grad=True)
     tc, tu = torch.ones(2, 1), torch.zeros(2, 1)
     gen = torch.Generator().manual_seed(5)
@@ -70,7 +75,10 @@ def test_generator_loss_through_tiny_scores_matches_closed_form():
 
 def test_critic_loss_is_flow_matching_on_student_samples():
     critic = torch.nn.Linear(2, 2)
-    f = lambda x, t, c: critic(x.transpose(1, -1)).transpose(1, -1)
+
+    def f(x, t, c):
+        return critic(x.transpose(1, -1)).transpose(1, -1)
+
     x = torch.randn(3, 2, 2, 2, 2)
     cfg = DMDConfig()
     loss = critic_flow_loss(x, None, f, cfg, torch.Generator().manual_seed(2))

@@ -65,7 +65,9 @@ def test_stream_r1_reward_gradient_opt_in():
     class R:
         vae = tiny_vae(0)
 
-    fn = lambda b: b.pixels.mean(dim=(1, 2, 3, 4))
+    def fn(b):
+        return b.pixels.mean(dim=(1, 2, 3, 4))
+
     x = torch.randn(1, 16, 3, 4, 4, requires_grad=True)
     extras = {"reward_fns": [fn], "balance": stream_r1.AxisBalance(1)}
     cfg = stream_r1.Config(axes={"visual": "x"})
@@ -107,6 +109,7 @@ def test_published_recipes_run_through_real_loaders(tmp_path):
     for recipe in ("wan2.1_1.3b_self_forcing.yaml", "wan2.1_1.3b_stream_r1.yaml", "wan2.1_1.3b_rmd.yaml"):
         cfg = load_config(str(REPO / "configs/distill" / recipe), paths + small + [f"output_dir={tmp_path / recipe}"])
         tr = DistillTrainer(cfg)
-        assert isinstance(tr.roles.text_encoder, torch.nn.Module) and tr.roles.vae.__class__.__name__ == "AutoencoderKLWan"
+        assert isinstance(tr.roles.text_encoder, torch.nn.Module)
+        assert tr.roles.vae.__class__.__name__ == "AutoencoderKLWan"
         metrics = tr.train_step(0)
         assert "loss/generator" in metrics and all(math.isfinite(v) for v in metrics.values()), (recipe, metrics)

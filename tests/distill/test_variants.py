@@ -22,8 +22,10 @@ def test_intra_weights_closed_form():
     s[0, 1] = torch.tensor([[0.0, 0.0], [0.0, 0.4]])   # frame 1: mean 0.1 → temporal minmax 0
     w = stream_r1.intra_weights(s, tau_min=0.2, sigma_min=0.15)[0, 0]
     w_t = torch.tensor([1.0, 0.2]) / 0.6
-    ws0 = torch.tensor([[0.15, 0.5], [0.5, 1.0]]); ws0 = ws0 / ws0.mean()
-    ws1 = torch.tensor([[0.15, 0.15], [0.15, 1.0]]); ws1 = ws1 / ws1.mean()
+    ws0 = torch.tensor([[0.15, 0.5], [0.5, 1.0]])
+    ws0 = ws0 / ws0.mean()
+    ws1 = torch.tensor([[0.15, 0.15], [0.15, 1.0]])
+    ws1 = ws1 / ws1.mean()
     ref = torch.stack([w_t[0] * ws0, w_t[1] * ws1])
     assert torch.allclose(w, ref / ref.mean(), atol=1e-6)
     assert math.isclose(float(w.mean()), 1.0, rel_tol=1e-6)
@@ -58,7 +60,10 @@ def test_score_axes_pixel_gradient_and_weighted_dmd_gradient():
     assert torch.allclose(grads, torch.full_like(grads, 1 / px[0].numel()))
     x = torch.randn(2, 2, 3, 2, 2, requires_grad=True)
     w = stream_r1.rollout_weight(raw[:, 0], 2.0).view(-1, 1, 1, 1, 1) * torch.rand(2, 1, 3, 2, 2)
-    score = lambda xt, t, c: xt * 0.1
+
+    def score(xt, t, c):
+        return xt * 0.1
+
     loss, sc = generator_dmd_loss(x, None, None, score, lambda xt, t, c: xt * 0.3, DMDConfig(), w)
     loss.backward()
     assert torch.allclose(x.grad, (w * sc.grad / x.numel()), atol=1e-7)  # exp(βr)·W_intra ⊙ g / N

@@ -1,4 +1,5 @@
-"""flowrl.training.metrics_log: jsonl records, TensorBoard events, rank-0 only, name and value checks, resume trimming."""
+"""flowrl.training.metrics_log: jsonl records, TensorBoard events, rank-0 only, name and value checks, resume
+trimming."""
 from __future__ import annotations
 
 import json

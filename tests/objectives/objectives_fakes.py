@@ -128,7 +128,7 @@ KERNEL_PATH = __file__ + ":KERNEL"
 def rollout(policy, cond, x1, sigmas, step=em_step, cfg=None, guidance=None, seed=0, log_prob=em_log_prob):
     """Roll out with the "old" adapter, storing every step as a Trajectory."""
     g = torch.Generator().manual_seed(seed)
-    xs, xns, means, stds, lps, ss, sns = [], [], [], [], [], [], []
+    steps = []   # per step: (x, x_next, mean, std, log_prob, sigma, sigma_next)
     x = x1
     b = x.shape[0]
     with torch.no_grad(), policy.adapter("old"):
@@ -136,12 +136,11 @@ def rollout(policy, cond, x1, sigmas, step=em_step, cfg=None, guidance=None, see
             s, sn = sigmas[i].expand(b), sigmas[i + 1].expand(b)
             v = policy.velocity(x, s, cond, guidance)
             out = step(x, v, s, sn, torch.randn(x.shape, generator=g), cfg=cfg)
-            xs.append(x); xns.append(out.x_next); means.append(out.mean); stds.append(out.std)
-            lps.append(log_prob(out.x_next, out.mean, out.std, "mean", cfg)); ss.append(s); sns.append(sn)
+            steps.append((x, out.x_next, out.mean, out.std, log_prob(out.x_next, out.mean, out.std, "mean", cfg),
+                          s, sn))
             x = out.x_next
-    st = lambda t: torch.stack(t, 1)
-    return Trajectory(st(xs), st(xns), st(means), st(stds), st(lps), st(ss), st(sns),
-                      torch.arange(len(sigmas) - 1))
+    stacked = [torch.stack(list(per_step), 1) for per_step in zip(*steps)]
+    return Trajectory(*stacked, torch.arange(len(sigmas) - 1))
 
 
 SQRT_2PI = math.sqrt(2 * math.pi)

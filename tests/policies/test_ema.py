@@ -43,7 +43,7 @@ def test_store_copy_restore_and_state_round_trip():
     ema.copy_to()
     assert all(torch.equal(q, s) for q, s in zip(params, ema.shadow))
     ema.restore()
-    assert all(torch.equal(q, l) for q, l in zip(params, live))
+    assert all(torch.equal(q, kept) for q, kept in zip(params, live))
     other = EMA([nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(4))])
     other.load_state_dict(ema.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(other.shadow, ema.shadow))

@@ -57,7 +57,8 @@ def test_kernel_log_prob_is_normal_log_prob(name, reduce):
 def test_cps_anchor_log_prob_drops_constants():
     x, v = _xv()
     out = cps.step(x, v, 0.6, 0.5, torch.randn_like(x))
-    torch.testing.assert_close(cps.log_prob(out.x_next, out.mean, out.std), -((out.x_next - out.mean) ** 2).mean((1, 2, 3)))
+    torch.testing.assert_close(cps.log_prob(out.x_next, out.mean, out.std),
+                               -((out.x_next - out.mean) ** 2).mean((1, 2, 3)))
 
 
 @pytest.mark.parametrize("name", SDE)

@@ -1,5 +1,6 @@
 """Marginal preservation on Gaussian data x0 ~ N(m, s²I), where the exact velocity is known in closed form
-(tests/samplers/gaussian_world.py). SDE rollouts with the exact velocity must end at N(m, s²); a wrong drift must not."""
+(tests/samplers/gaussian_world.py). SDE rollouts with the exact velocity must end at N(m, s²); a wrong drift
+must not."""
 import math
 
 import pytest

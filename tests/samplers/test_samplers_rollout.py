@@ -51,7 +51,8 @@ def test_trajectory_holds_only_the_stored_steps_and_rescoring_matches():
     torch.testing.assert_close(tr.noise, (tr.x_next - tr.mean) / tr.std.view(3, 3, 1, 1, 1), atol=1e-5, rtol=1e-5)
     for j in range(3):   # the training-time path: same kernel, stored x_next, fresh velocity
         x, s = tr.x[:, j], tr.sigma[:, j]
-        out = k.step(x, exact_velocity()(x, s), s, tr.sigma_next[:, j], x_next=tr.x_next[:, j], cfg=k.config(noise_level=0.9))
+        out = k.step(x, exact_velocity()(x, s), s, tr.sigma_next[:, j], x_next=tr.x_next[:, j],
+                     cfg=k.config(noise_level=0.9))
         assert torch.equal(k.log_prob(tr.x_next[:, j], out.mean, out.std), tr.log_prob[:, j])
     assert res.nfe == 12
 

@@ -212,7 +212,10 @@ def test_split_windows_slide_and_draw():
 def test_tree_errors():
     sig = flow_match_sigmas(6)
     x1, gens = _start(range(2))
-    vf = lambda x, s, r: exact_velocity()(x, s)
+
+    def vf(x, s, r):
+        return exact_velocity()(x, s)
+
     with pytest.raises(ValueError, match="merged"):
         tree_rollout(vf, x1, sig, StepPlan(6, (1,), (3,)), ts.FixedSplits((2,)).plan(0, 6), generators=gens)
     with pytest.raises(ValueError, match="ODE trunk"):

@@ -26,7 +26,10 @@ def test_toy_flat_rollout_equals_the_pre_tree_engine():
     policy, cond, gens = _setup(2)
     x1 = policy.noise(gens, 32, 32)
     sig = policy.sigmas(4, x1)
-    vf = lambda x, s: policy.velocity(x, s, cond, 1.0)
+
+    def vf(x, s):
+        return policy.velocity(x, s, cond, 1.0)
+
     plan = AllSteps().plan(0, 4)
     new = rollout(vf, x1, sig, plan, "flow_sde", None, [sample_generator(0, 0, p, 0) for p in range(2)])
     gens_again = [sample_generator(0, 0, p, 0) for p in range(2)]

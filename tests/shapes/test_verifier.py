@@ -50,7 +50,8 @@ def _corrupt(meta, how):
     elif how == "position":
         m["position"] = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}[m["position"]]
     elif how == "relation":
-        m["relation"] = {"above": "below", "below": "above", "left of": "right of", "right of": "left of"}[m["relation"]]
+        flipped = {"above": "below", "below": "above", "left of": "right of", "right of": "left of"}
+        m["relation"] = flipped[m["relation"]]
     return m
 
 

@@ -9,7 +9,8 @@ def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iteratio
         "sampler.steps=3", "sampler.eval_steps=2", "sampler.height=32", "sampler.width=32", "sampler.guidance=1.0",
         "rewards={shapes: 1.0}", f"train.iterations={iterations}", "train.prompts_per_iter=2",
         "train.group_size=2", "train.micro_batch=2", "train.updates_per_epoch=2", "train.ema_every=1",
-        *([] if sde else ["objective.timesteps.fraction=0.7"]), "eval.num_prompts=2", "eval.seeds=[0]", "eval.every=0", "eval.batch=2",
+        *([] if sde else ["objective.timesteps.fraction=0.7"]),
+        "eval.num_prompts=2", "eval.seeds=[0]", "eval.every=0", "eval.batch=2",
         f"run.output_dir={tmp_path}", f"run.name={name}", "log.progress=false", "checkpoint.every=1",
         "checkpoint.keep=5",
     ]
