@@ -4,7 +4,8 @@ a_k = Â_k (group mean / unbiased group std, eps 1e-4; NaN → 0):
 
     conflict_i = (∃k a_k > 1e-8) ∧ (∃k a_k < −1e-8)
     hard  (gdpo_filter_group_ratio):               keep_i = ¬conflict_i
-    ratio (gdpo_filter_ratio_conflict_group_ratio): ρ_i = Σ_k a_k / (Σ_k |a_k| + 1e-8); keep_i = ¬(conflict_i ∧ |ρ_i| < τ)
+    ratio (gdpo_filter_ratio_conflict_group_ratio): ρ_i = Σ_k a_k / (Σ_k |a_k| + 1e-8);
+                                                    keep_i = ¬(conflict_i ∧ |ρ_i| < τ)
     q_p = (#kept in group p) / G_p,     S_i = q_p · Σ_k w_k a_k
     A = masked_whiten(S, keep) = (S − mean_kept S) / sqrt(var_kept S + 1e-8)  on kept rollouts, 0 on dropped
 τ = 0.2 (the config default; the scripts use 0.8). verl's masked variance is unbiased. A rollout with no

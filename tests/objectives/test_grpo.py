@@ -39,7 +39,8 @@ def TrainBatch(*args, **kw):  # noqa: N802  (the rollout's kernel, as the traine
 def test_registry_spec():
     spec = get_objective("grpo")
     c = spec.Config()
-    assert spec.TRAINS_ON is TRAJECTORY_ROWS and (c.clip_range, c.adv_clip_max, c.old_update) == (1e-4, 5.0, "on_policy")
+    assert spec.TRAINS_ON is TRAJECTORY_ROWS
+    assert (c.clip_range, c.adv_clip_max, c.old_update) == (1e-4, 5.0, "on_policy")
 
 
 def test_ratio_one_and_gradient_is_minus_A_grad_logp():

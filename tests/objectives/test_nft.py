@@ -44,7 +44,8 @@ def reference_nft(pol, adv, beta, beta_kl, C=5.0):
 def test_spec_defaults():
     spec = get_objective("nft")
     c = spec.Config()
-    assert spec.TRAINS_ON is FORWARD_PROCESS and (c.beta, c.beta_kl, c.adv_clip_max, c.train_guidance) == (1.0, 1e-4, 5.0, 1.0)
+    assert spec.TRAINS_ON is FORWARD_PROCESS
+    assert (c.beta, c.beta_kl, c.adv_clip_max, c.train_guidance) == (1.0, 1e-4, 5.0, 1.0)
     # DiffusionNFT's published loop settings come with the objective alone (reference B §1.4, §1.6)
     assert (c.old_update, c.timesteps.kind, c.timesteps.config.fraction) == ("nft", "permuted", 0.99)
 
