@@ -37,6 +37,14 @@ def any_finite(R: Tensor) -> Tensor:
     return torch.isfinite(R).any(dim=1)
 
 
+def alpha_diagnostics(weights: Tensor) -> dict:
+    """``alpha_<k>`` = weights_k / Σ_j weights_j: a balancer's effective weight on reward k's standardised
+    advantage (logged ``adv/alpha_<k>``); empty when the weights do not sum to a positive number."""
+    w = weights.double()
+    total = float(w.sum())
+    return {f"alpha_{k}": (w[k] / total).float() for k in range(w.numel())} if total > 0 else {}
+
+
 def on_cpu(balance):
     """Run a balancer on CPU (rewards are (N, K), tiny) and return the advantages on R's device."""
 

@@ -7,7 +7,9 @@ math/rdgdpo/advantages.py, @54024d0 docs/ALGORITHMS.md; reference B §5.4):
     asym: S = Σ_k [ Â_k + (w_k − 1)·max(Â_k, 0) ]     (main variant: amplify positive advantages only)
     A = BN(S)   (GDPO normalisation, unbiased std, eps 1e-6)
 Â_k: group mean / unbiased group std (eps 1e-6). π_k averages over the groups where reward k applies (NaN rewards
-masked). Static ``weights`` scale Â_k first (DARA itself has none; default 1).
+masked). Static ``weights`` scale Â_k first (DARA itself has none; default 1). Diagnostic ``alpha_<k>`` =
+w_k w^static_k / Σ_j w_j w^static_j for ``sym`` (the weight on Â_k); ``asym`` weighs a reward's positive and
+negative advantages differently (w_k vs 1), so no single per-reward weight exists and none is reported.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -66,4 +68,6 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     S = torch.where(any_finite(R), S.to(R.dtype), torch.full((R.shape[0],), float("nan"), dtype=R.dtype))
     diag = {f"density_{k}": pi[k].float() for k in range(R.shape[1])}
     diag.update({f"weight_{k}": w[k].float() for k in range(R.shape[1])})
+    if cfg.variant == "sym":
+        diag.update(alpha_diagnostics(w * w_static))
     return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag

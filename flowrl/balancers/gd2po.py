@@ -9,7 +9,8 @@ a_k = Â_k (group mean / unbiased group std, eps 1e-4; NaN → 0):
     q_p = (#kept in group p) / G_p,     S_i = q_p · Σ_k w_k a_k
     A = masked_whiten(S, keep) = (S − mean_kept S) / sqrt(var_kept S + 1e-8)  on kept rollouts, 0 on dropped
 τ = 0.2 (the config default; the scripts use 0.8). verl's masked variance is unbiased. A rollout with no
-applicable reward is dropped.
+applicable reward is dropped. Diagnostic ``alpha_<k>`` = w_k / Σ_j w_j, the weight on a kept rollout's a_k
+(the masking and q_p act on rollouts, not on rewards).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -66,4 +67,4 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     q = (kept / size)[inv]
     S = q * (a * w).sum(1)
     adv = masked_whiten(S, keep).to(R.dtype)
-    return adv, {"drop_frac": 1 - keep.double().mean().float(), "keep": keep}
+    return adv, {"drop_frac": 1 - keep.double().mean().float(), "keep": keep, **alpha_diagnostics(w)}

@@ -4,6 +4,8 @@
 S   = Σ_k w_k Â_k,   A = BN(S) = (S − mean_all S) / (std_all S + eps)
 Deviation, named: GDPO applies ``nan_to_num`` to R (an inapplicable reward counts as 0); here a NaN reward is
 masked in its own column's statistics and contributes Â_k = 0 to S (rows with no applicable reward → NaN).
+Diagnostic ``alpha_<k>`` = w_k / Σ_j w_j, the weight on reward k's standardised advantage (BN rescales S as a
+whole and shifts it by a constant, which leaves the relative weights as they are).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -35,4 +37,6 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights)
     S = decoupled_sum(R, group_ids, w, cfg)
-    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), {"sum_std": torch.nan_to_num(S).std().detach()}
+    diag = {"sum_std": torch.nan_to_num(S).std().detach()}
+    diag.update(alpha_diagnostics(w))
+    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag

@@ -6,7 +6,8 @@ reference B §5.3):
     w'_k = w_k · (1 − s_k)^γ,     A = BN( Σ_k w'_k Â_k )                           (γ = 1)
 Â_k as in GDPO (group mean, unbiased group std, eps 1e-4). R^min/R^max are the user's per-reward bounds; when
 not given, the batch's own finite min/max are used (a named deviation: then s_k measures position within the
-batch range, not saturation against a known ceiling). NaN rewards are masked per reward.
+batch range, not saturation against a known ceiling). NaN rewards are masked per reward. Diagnostic
+``alpha_<k>`` = w'_k / Σ_j w'_j, the weight on reward k's standardised advantage (as for GDPO).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import batch_normalize
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
 
 
 @dataclass
@@ -58,4 +59,5 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
     diag = {f"saturation_{k}": s[k].float() for k in range(R.shape[1])}
     diag.update({f"weight_{k}": w_eff[k].float() for k in range(R.shape[1])})
+    diag.update(alpha_diagnostics(w_eff))
     return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag

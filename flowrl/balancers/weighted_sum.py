@@ -4,6 +4,11 @@ S_i = Σ_{k: R_ik finite} w_k R_ik,   A = (S − mean_group S) / (std S + eps)
 DiffusionNFT / FlowAWR multi-reward (``multi_score``, reference B §1.8) and Flow-Factory's "sum"
 aggregation; GRPO baseline of GDPO's README (B §5.1). Inapplicable (NaN) rewards add nothing to S; a sample
 with no applicable reward gets a NaN advantage.
+
+Diagnostic ``alpha_<k>`` = w_k s_k / Σ_j w_j s_j, s_k the std of reward k's finite values: since
+S − mean_group S = Σ_k w_k s_k Â_k with Â_k = (R_k − mean_group R_k)/s_k, this is the weight the sum puts
+on reward k's own standardised advantage (exact when every reward applies to every sample). It shows the
+implicit reweighting by reward scale that per-reward normalisation (GDPO, MARBLE) removes.
 """
 from __future__ import annotations
 
@@ -12,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import group_advantages
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu
+from flowrl.balancers.advantages import finite_std, group_advantages
+from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu
 
 
 @dataclass
@@ -31,4 +36,10 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     S = torch.where(torch.isfinite(R), R * w, torch.zeros_like(R)).sum(dim=1)
     S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
     adv = group_advantages(S, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
-    return adv, {"combined_reward_mean": torch.nanmean(S).detach()}
+    return adv, {"combined_reward_mean": torch.nanmean(S).detach(), **effective_weights(R, w, cfg.unbiased)}
+
+
+def effective_weights(R: Tensor, w: Tensor, unbiased: bool) -> dict:
+    """``alpha_<k>`` = w_k s_k / Σ_j w_j s_j (module docstring); w_k / Σ w when no reward has any spread."""
+    ws = torch.stack([w[k].double() * finite_std(R[:, k].double(), unbiased) for k in range(R.shape[1])])
+    return alpha_diagnostics(ws) or alpha_diagnostics(w)
