@@ -49,6 +49,22 @@ def load_open_clip_from(cfg, device: torch.device, dtype: torch.dtype):
     return load_open_clip(cfg.model_name, cfg.pretrained, cfg.checkpoint, cfg.checkpoint_key, cfg.model_config,
                           device, dtype)
 
+class OpenClipReward:
+    """The life cycle the open_clip rewards share: ``cfg`` (the class's ``Config``), and on ``setup`` the model,
+    its tokenizer, device and dtype (open_clip itself is imported only then)."""
+
+    Config: type
+    accepts = ("image",)
+
+    def __init__(self, cfg=None):
+        self.cfg = cfg or self.Config()
+        self.model = None
+
+    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.tokenizer = load_open_clip_from(self.cfg, device, dtype)
+        self.device, self.dtype = device, dtype
+
+
 def preprocess_cfg(model) -> dict:
     """{size, mean, std, mode} of an open_clip model's eval transform."""
     cfg = dict(getattr(model.visual, "preprocess_cfg", {}) or {})

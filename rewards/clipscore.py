@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from rewards.base import RewardInput
+from rewards.clip_openclip import OpenClipReward
 from rewards.preprocess import quantize_uint8
 
 
@@ -28,22 +28,11 @@ class Config:
     quantize_uint8: bool = True
 
 
-class CLIPScore:
+class CLIPScore(OpenClipReward):
     """scale · cos(image, prompt) with an open_clip model."""
 
     Config = Config
     name = "clipscore"
-    accepts = ("image",)
-
-    def __init__(self, cfg: Config | None = None):
-        self.cfg = cfg or Config()
-        self.model = None
-
-    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.clip_openclip import load_open_clip_from
-
-        self.model, self.tokenizer = load_open_clip_from(self.cfg, device, dtype)
-        self.device, self.dtype = device, dtype
 
     def __call__(self, batch: RewardInput) -> Tensor:
         from rewards.clip_openclip import clip_pixels, encode_images, encode_texts

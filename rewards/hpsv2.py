@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rewards.base import RewardInput
+from rewards.clip_openclip import OpenClipReward
 from rewards.preprocess import hps_preprocess, quantize_uint8
 
 
@@ -28,23 +29,17 @@ class Config:
     quantize_uint8: bool = True
 
 
-class HPSv2:
+class HPSv2(OpenClipReward):
     """HPSv2.1: cosine of the HPS-tuned open_clip ViT-H-14 image and prompt embeddings."""
 
     Config = Config
     name = "hpsv2"
-    accepts = ("image",)
-
-    def __init__(self, cfg: Config | None = None):
-        self.cfg = cfg or Config()
-        self.model = None
 
     def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.clip_openclip import load_open_clip_from, preprocess_cfg
+        from rewards.clip_openclip import preprocess_cfg
 
-        self.model, self.tokenizer = load_open_clip_from(self.cfg, device, dtype)
+        super().setup(device, dtype)
         self.norm = preprocess_cfg(self.model)
-        self.device, self.dtype = device, dtype
 
     def __call__(self, batch: RewardInput) -> Tensor:
         from rewards.clip_openclip import encode_images, encode_texts

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from rewards.base import RewardInput, nanmean
+from rewards.clip_openclip import OpenClipReward
 from rewards.preprocess import quantize_uint8
 
 
@@ -86,22 +87,12 @@ def consecutive_cosine(emb: Tensor) -> Tensor:
     return (emb[:, 1:] * emb[:, :-1]).sum(-1).mean(1)
 
 
-class TemporalConsistency:
+class TemporalConsistency(OpenClipReward):
     """Mean cosine similarity of consecutive frames' CLIP image embeddings (1 = static video)."""
 
     Config = TemporalConfig
     name = "temporal_consistency"
     accepts = ("video",)
-
-    def __init__(self, cfg: TemporalConfig | None = None):
-        self.cfg = cfg or TemporalConfig()
-        self.model = None
-
-    def setup(self, device: torch.device, dtype: torch.dtype) -> None:
-        from rewards.clip_openclip import load_open_clip_from
-
-        self.model, _ = load_open_clip_from(self.cfg, device, dtype)
-        self.device, self.dtype = device, dtype
 
     def __call__(self, batch: RewardInput) -> Tensor:
         from rewards.clip_openclip import clip_pixels, encode_images

@@ -16,21 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flowrl.config.loader import (  # noqa: F401  (re-exported: the generic strict loader other modules reuse)
+from flowrl.config.loader import (
     ConfigError,
-    Plugin,
     Source,
-    apply_overrides,
-    build_plugin,
     dump_yaml,
     from_dict,
     load_yaml,
-    parse_yaml,
     plugin_config_class,
     plugin_field,
-    read_yaml_file,
-    replace_nested,
-    to_dict,
 )
 
 POLICIES = "flowrl.policies:POLICIES"
@@ -68,6 +61,20 @@ class DataSection:
     negative_prompt: str = ""         # CFG negative prompt
 
 
+def optional_section(target: str):
+    """Builder of an optional section whose dataclass lives with its code (``"module:Class"``, imported when
+    the section is given): null → None, a mapping → that dataclass, strictly."""
+
+    def build(data: Any, where: str, source: Source | None) -> Any:
+        if data is None:
+            return None
+        from flowrl.registry import import_string
+
+        return from_dict(import_string(target), data, where, source)
+
+    return build
+
+
 @dataclass
 class SamplerSection:
     kernel: Any = plugin_field(KERNELS, "flow_sde")   # rollout step kernel (SDE for GRPO, ODE/solver for NFT/AWR)
@@ -81,6 +88,8 @@ class SamplerSection:
     num_frames: int | None = None     # video policies only
     log_prob_reduce: Literal["mean", "sum"] = "mean"   # over latent elements (the anchors' mean); GRPO re-scores
                                                       # its stored steps with the same reduction
+    tree: Any = field(default=None, metadata={"build": optional_section("samplers.tree_config:TreeConfig")})
+    # None: flat rollouts; {preset: branchgrpo, ...}: one branching tree per prompt (docs/training.md "Trees")
 
 
 def build_rewards(data: Any, where: str, source: Source | None) -> dict:

@@ -25,7 +25,13 @@ from torch import Tensor
 from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
 from flowrl.objectives.old_policy import OldUpdate, check_positive
-from flowrl.objectives.regression import flow_target, forward_noise, mean_elems, rectified_regression
+from flowrl.objectives.regression import (
+    anchor_penalty,
+    forward_batch,
+    mean_elems,
+    rectified_regression,
+    velocity_at,
+)
 from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.types import LossOut
 
@@ -76,26 +82,18 @@ def scaled_advantages(adv: Tensor, cfg: Config) -> Tensor:
 
 def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     cfg = cfg or Config()
-    batch.require("x0", "sigma", objective="awm")
-    x0 = batch.x0.float()
-    t = batch.sigma.float().to(x0.device)
-    eps = batch.forward_noise()
-    x_t, v = forward_noise(x0, eps, t), flow_target(x0, eps)
-    keep = batch.weights().to(x0.device)
-    adv = scaled_advantages(torch.nan_to_num(batch.advantages.float()), cfg).to(x0.device)
-    with policy.adapter("train"):
-        v_theta = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-    m = mean_elems((v_theta.double() - v.double()) ** 2)
-    slope = fm_penalty_slope(m, t.double(), cfg).float()
-    per = rectified_regression(v_theta, v_theta.detach(), v, adv, slope)
-    policy_loss = masked_mean(per, keep)
+    fb = forward_batch(batch, "awm")
+    adv = scaled_advantages(torch.nan_to_num(batch.advantages.float()), cfg).to(fb.x0.device)
+    v_theta = velocity_at(policy, "train", fb, batch.cond, cfg.train_guidance, grad=True)
+    m = mean_elems((v_theta.double() - fb.v.double()) ** 2)
+    slope = fm_penalty_slope(m, fb.t.double(), cfg).float()
+    per = rectified_regression(v_theta, v_theta.detach(), fb.v, adv, slope)
+    policy_loss = masked_mean(per, fb.keep)
     total = policy_loss
-    metrics = {"policy_loss": policy_loss.detach(), "fm_loss": masked_mean(m.float(), keep).detach()}
+    metrics = {"policy_loss": policy_loss.detach(), "fm_loss": masked_mean(m.float(), fb.keep).detach()}
     for name, adapter, weight in (("kl", None, cfg.beta_ref), ("ema_kl", "old", cfg.ema_beta)):
         if weight > 0:
-            with torch.no_grad(), policy.adapter(adapter):
-                v_anchor = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-            reg = masked_mean(mean_elems((v_theta - v_anchor) ** 2), keep)
+            reg = anchor_penalty(policy, adapter, fb, batch.cond, cfg.train_guidance, v_theta)
             total = total + weight * reg
             metrics[name] = reg.detach()
     return LossOut(total, metrics)

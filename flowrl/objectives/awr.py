@@ -29,10 +29,10 @@ from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import (
-    flow_target,
-    forward_noise,
-    mean_elems,
+    anchor_penalty,
+    forward_batch,
     rectified_regression,
+    velocity_at,
     x0_abs_weight,
     x0_prediction,
 )
@@ -90,25 +90,17 @@ def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None
 def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     """``batch.advantages`` holds the energies E (``prepare_advantages``)."""
     cfg = cfg or Config()
-    batch.require("x0", "sigma", objective="awr")
-    x0 = batch.x0.float()
-    t = batch.sigma.float().to(x0.device)
-    eps = batch.forward_noise()
-    x_t, v = forward_noise(x0, eps, t), flow_target(x0, eps)
-    keep = batch.weights().to(x0.device)
-    energy = torch.nan_to_num(batch.advantages.float()).to(x0.device)
-    with torch.no_grad(), policy.adapter("old"):
-        v_old = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-    with policy.adapter("train"):
-        v_theta = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-    w = x0_abs_weight(x0_prediction(x_t, t, v_theta), x0, cfg.min_weight)
-    per = rectified_regression(v_theta, v_old, v, energy, t**2 / w)
+    fb = forward_batch(batch, "awr")
+    keep = fb.keep
+    energy = torch.nan_to_num(batch.advantages.float()).to(fb.x0.device)
+    v_old = velocity_at(policy, "old", fb, batch.cond, cfg.train_guidance)
+    v_theta = velocity_at(policy, "train", fb, batch.cond, cfg.train_guidance, grad=True)
+    w = x0_abs_weight(x0_prediction(fb.x_t, fb.t, v_theta), fb.x0, cfg.min_weight)
+    per = rectified_regression(v_theta, v_old, fb.v, energy, fb.t**2 / w)
     policy_loss = masked_mean(per, keep)
     total, metrics = policy_loss, {"policy_loss": policy_loss.detach(), "energy_abs": masked_mean(energy.abs(), keep)}
     if cfg.beta_kl > 0:
-        with torch.no_grad(), policy.adapter(None):
-            v_ref = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-        kl = masked_mean(mean_elems((v_theta - v_ref) ** 2), keep)
+        kl = anchor_penalty(policy, None, fb, batch.cond, cfg.train_guidance, v_theta)
         total = total + cfg.beta_kl * kl
         metrics["kl"] = kl.detach()
     return LossOut(total, metrics)

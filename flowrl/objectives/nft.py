@@ -30,10 +30,11 @@ from flowrl.config.loader import nested_plugin
 from flowrl.objectives.batch import TrainBatch, masked_mean
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import (
-    flow_target,
-    forward_noise,
+    anchor_penalty,
+    forward_batch,
     mean_elems,
     rectified_regression,
+    velocity_at,
     x0_abs_weight,
     x0_prediction,
 )
@@ -105,28 +106,20 @@ def target_loss(v_theta: Tensor, v_old: Tensor, v: Tensor, x_t: Tensor, t: Tenso
 
 def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
     cfg = cfg or Config()
-    batch.require("x0", "sigma", objective="nft")
-    x0 = batch.x0.float()
-    t = batch.sigma.float().to(x0.device)
-    eps = batch.forward_noise()
-    x_t, v = forward_noise(x0, eps, t), flow_target(x0, eps)
-    keep = batch.weights().to(x0.device)
+    fb = forward_batch(batch, "nft")
+    x0, t, x_t, keep = fb.x0, fb.t, fb.x_t, fb.keep
     r = optimality_probability(torch.nan_to_num(batch.advantages.float()), cfg.adv_clip_max, cfg.adv_mode)
     r = r.to(x0.device)
-    with torch.no_grad(), policy.adapter("old"):
-        v_old = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-    with policy.adapter("train"):
-        v_theta = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
+    v_old = velocity_at(policy, "old", fb, batch.cond, cfg.train_guidance)
+    v_theta = velocity_at(policy, "train", fb, batch.cond, cfg.train_guidance, grad=True)
     if cfg.form == "two_branch":
         per = two_branch_loss(v_theta, v_old, x_t, t, x0, r, cfg)
     else:
-        per = target_loss(v_theta, v_old, v, x_t, t, x0, r, cfg)
+        per = target_loss(v_theta, v_old, fb.v, x_t, t, x0, r, cfg)
     policy_loss = masked_mean(per, keep)
     total, metrics = policy_loss, {"policy_loss": policy_loss.detach()}
     if cfg.beta_kl > 0:
-        with torch.no_grad(), policy.adapter(None):
-            v_ref = policy.velocity(x_t, t, batch.cond, cfg.train_guidance).float()
-        kl = masked_mean(mean_elems((v_theta - v_ref) ** 2), keep)
+        kl = anchor_penalty(policy, None, fb, batch.cond, cfg.train_guidance, v_theta)
         total = total + cfg.beta_kl * kl
         metrics["kl"] = kl.detach()
     metrics["old_deviation"] = masked_mean(mean_elems((v_theta - v_old) ** 2), keep).detach()

@@ -15,6 +15,9 @@ x0-space error (x̂0 = x_σ − σ·v), which is how the anchors write these los
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 from torch import Tensor
 
 
@@ -57,3 +60,38 @@ def rectified_regression(v_theta: Tensor, v_old: Tensor, v: Tensor, coef: Tensor
     """Per-sample ℓ_i = λ_i·mean_elems(v_θ − v_old − c_i(v − v_old))² (B,); v_old, coef, λ are not differentiated."""
     tgt = rectified_target(v_old.detach(), v, coef.detach())
     return weight.detach() * mean_elems((v_theta - tgt) ** 2)
+
+
+@dataclass
+class ForwardBatch:
+    """A TrainBatch on the forward process: x_t = (1−t)·x0 + t·ε, target v = ε − x0, and the 0/1 sample mask."""
+
+    x0: Tensor
+    t: Tensor
+    x_t: Tensor
+    v: Tensor
+    keep: Tensor
+
+
+def forward_batch(batch, objective: str) -> ForwardBatch:
+    """Noise ``batch.x0`` at ``batch.sigma`` with the batch's ε (float32); checks the fields ``objective`` needs."""
+    batch.require("x0", "sigma", objective=objective)
+    x0 = batch.x0.float()
+    t = batch.sigma.float().to(x0.device)
+    eps = batch.forward_noise()
+    return ForwardBatch(x0, t, forward_noise(x0, eps, t), flow_target(x0, eps), batch.weights().to(x0.device))
+
+
+def velocity_at(policy, adapter: str | None, fb: ForwardBatch, cond, guidance, grad: bool = False) -> Tensor:
+    """v(x_t, t) float32 under ``adapter`` ("train", "old", None = the frozen base); no graph unless ``grad``."""
+    with torch.set_grad_enabled(grad), policy.adapter(adapter):
+        return policy.velocity(fb.x_t, fb.t, cond, guidance).float()
+
+
+def anchor_penalty(policy, adapter: str | None, fb: ForwardBatch, cond, guidance, v_theta: Tensor) -> Tensor:
+    """mean over kept samples of mean_elems (v_θ − sg(v_anchor))², v_anchor under ``adapter`` (None: the base —
+    the anchors' "KL" to the reference)."""
+    from flowrl.objectives.batch import masked_mean
+
+    v_anchor = velocity_at(policy, adapter, fb, cond, guidance)
+    return masked_mean(mean_elems((v_theta - v_anchor) ** 2), fb.keep)
