@@ -11,14 +11,22 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
 - optionally ``prepare_advantages(adv, group_ids, cfg)`` (called on the whole set of rollouts before
   micro-batching; identity unless defined, AWR's energies);
 - optionally ``end_iteration(policy, cfg, state, step)`` (called once per iteration after the optimizer steps
-  and before the old-adapter update; ``state`` is a dict the objective owns and the checkpoint stores).
+  and before the old-adapter update; ``state`` is a dict the objective owns and the checkpoint stores);
+- optionally ``trains_on(cfg)``: the source as a function of the objective's Config, for objectives whose source
+  depends on their settings (a wrapper such as ``normguard`` trains on whatever its ``inner`` objective trains
+  on); ``get_objective(name, cfg)`` uses it, ``get_objective(name)`` falls back to the module's ``TRAINS_ON``.
+  ``old_update`` may then be a property of the Config (the wrapper's reads the inner Config's).
 
-    grpo  Flow-GRPO / DanceGRPO PPO-clip on stored SDE transitions (+ KL to the base)
-    nft   DiffusionNFT (implicit positive / negative velocities)
-    awr   FlowAWR / VideoAWR advantage-weighted rectification (energy targets)
-    awm   AWM, advantage-weighted matching (on-policy limit of the rectified regression)
+    grpo        Flow-GRPO / DanceGRPO PPO-clip on stored SDE transitions (+ KL to the base)
+    grpo_guard  GRPO-Guard: RatioNorm (bias-corrected, σ-scaled ratio per step) and 1/|dt| step re-weighting
+    dppo        Flow-DPPO: the ratio clip replaced by a mask on the exact per-step Gaussian KL to the old policy
+    nft         DiffusionNFT (implicit positive / negative velocities)
+    awr         FlowAWR / VideoAWR advantage-weighted rectification (energy targets)
+    awm         AWM, advantage-weighted matching (on-policy limit of the rectified regression)
+    normguard   NormGuard hinge on velocity-norm growth over the base, wrapped around any of the above
 
-nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5). ``get_objective(name)`` returns
+nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5); grpo_guard and dppo share grpo's
+stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
 the module's parts as an ``ObjectiveSpec``; a new objective is one file with these names.
 """
 from __future__ import annotations
@@ -38,6 +46,9 @@ OBJECTIVES = Registry(
         "nft": "flowrl.objectives.nft:loss",
         "awr": "flowrl.objectives.awr:loss",
         "awm": "flowrl.objectives.awm:loss",
+        "grpo_guard": "flowrl.objectives.grpo_guard:loss",
+        "dppo": "flowrl.objectives.dppo:loss",
+        "normguard": "flowrl.objectives.normguard:loss",
     },
     entry_point_group="flowrl.objectives",
 )
@@ -67,17 +78,26 @@ def _nothing(policy, cfg, state, step):
     return None
 
 
-def get_objective(name: str) -> ObjectiveSpec:
-    """loss, Config, TRAINS_ON and prepare_advantages of the objective ``name`` (or ``module:loss``)."""
+def _has_old_update(config_cls: type) -> bool:
+    """A dataclass field ``old_update`` or a property of that name (a wrapper reading its inner Config's)."""
+    return ("old_update" in getattr(config_cls, "__dataclass_fields__", {})
+            or isinstance(getattr(config_cls, "old_update", None), property))
+
+
+def get_objective(name: str, cfg: Any = None) -> ObjectiveSpec:
+    """loss, Config, TRAINS_ON, prepare_advantages and end_iteration of the objective ``name`` (or
+    ``module:loss``). With ``cfg`` (the objective's Config instance), a module that defines ``trains_on(cfg)``
+    gets the source its settings choose; otherwise the module's ``TRAINS_ON``."""
     fn = OBJECTIVES.get(name)
     mod = sys.modules[fn.__module__]
     for attr in ("Config", "TRAINS_ON"):
         if not hasattr(mod, attr):
             raise TypeError(f"objective {name!r}: module {mod.__name__} must define {attr}")
-    if "old_update" not in getattr(mod.Config, "__dataclass_fields__", {}):
+    if not _has_old_update(mod.Config):
         raise TypeError(f"objective {name!r}: its Config must have an old_update field (see old_policy.SCHEDULES)")
+    source = mod.trains_on(cfg) if cfg is not None and hasattr(mod, "trains_on") else mod.TRAINS_ON
     prep = getattr(mod, "prepare_advantages", _identity)
-    return ObjectiveSpec(name, fn, mod.Config, mod.TRAINS_ON, prep, getattr(mod, "end_iteration", _nothing))
+    return ObjectiveSpec(name, fn, mod.Config, source, prep, getattr(mod, "end_iteration", _nothing))
 
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "TrainBatch", "get_objective"]

@@ -21,8 +21,9 @@ here, so rollout and training log-probs always come from one function. GRPO trai
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -46,13 +47,14 @@ class Config:
     kl_form: Literal["flow_grpo", "gaussian", "unscaled"] = "flow_grpo"
     train_guidance: float | None = None   # None → the rollout's guidance (batch.guidance); 1.0 → no-CFG training
     old_update: OldUpdate = "on_policy"   # the sampling adapter follows the trained one after every iteration
+    objective: ClassVar[str] = "grpo"     # the name in error messages (a subclass's objective names itself)
 
     def __post_init__(self):
-        check_positive("grpo", clip_range=self.clip_range, adv_clip_max=self.adv_clip_max)
+        check_positive(self.objective, clip_range=self.clip_range, adv_clip_max=self.adv_clip_max)
         if self.kl_form not in KL_FORMS:
-            raise ValueError(f"grpo kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
+            raise ValueError(f"{self.objective} kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
         if self.beta_kl < 0:
-            raise ValueError(f"grpo beta_kl must be >= 0, got {self.beta_kl}")
+            raise ValueError(f"{self.objective} beta_kl must be >= 0, got {self.beta_kl}")
 
 
 def resolve_kernel(kernel: Any) -> Any:
@@ -88,47 +90,113 @@ def mean_kl(mean: Tensor, mean_ref: Tensor, std: Tensor, dt: Tensor, form: str) 
     return sq / (2 * var)
 
 
-def _step_terms(policy, batch: TrainBatch, j: int, kernel, kcfg, guidance, cfg: Config, adv: Tensor):
-    """Per-sample policy / ratio / KL terms of stored step j (module docstring)."""
-    tr = batch.traj
-    x, xn, s, sn = tr.x[:, j].float(), tr.x_next[:, j].float(), tr.sigma[:, j].float(), tr.sigma_next[:, j].float()
-    with policy.adapter("train"):
-        v = policy.velocity(x, s, batch.cond, guidance)
-    out = kernel.step(x, v.float(), s, sn, x_next=xn, cfg=kcfg)
-    logp = kernel.log_prob(xn, out.mean, out.std, batch.reduce, kcfg)
-    log_ratio = logp - tr.log_prob[:, j].float()
-    ratio = torch.exp(log_ratio)
-    terms = {"policy": clipped_surrogate(adv, ratio, cfg.clip_range), "ratio": ratio.detach(),
-             "clipped": ((ratio - 1).abs() > cfg.clip_range).float(), "approx_kl": 0.5 * log_ratio.detach() ** 2}
-    if cfg.beta_kl > 0:
-        with torch.no_grad(), policy.adapter(None):
-            v_ref = policy.velocity(x, s, batch.cond, guidance)
-            mean_ref = kernel.step(x, v_ref.float(), s, sn, x_next=xn, cfg=kcfg).mean
-        terms["kl"] = mean_kl(out.mean, mean_ref, out.std, sn - s, cfg.kl_form)
-    return terms
+@dataclass(frozen=True)
+class StoredSteps:
+    """How a TrainBatch's stored steps are re-scored: the rollout's kernel bundle and Config, the stored-step
+    indices trained in this call and the CFG scale of the training forwards."""
+
+    kernel: Any
+    kernel_cfg: Any
+    steps: list[int]
+    guidance: float | None
 
 
-def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
-    cfg = cfg or Config()
-    batch.require("traj", objective="grpo")
+def stored_steps(batch: TrainBatch, objective: str, train_guidance: float | None) -> StoredSteps:
+    """Check ``batch`` holds a trajectory and a kernel and resolve what re-scoring its steps needs."""
+    batch.require("traj", objective=objective)
     if batch.kernel is None:
-        raise ValueError("grpo: TrainBatch.kernel is None; pass the rollout's step kernel (and kernel_cfg)")
+        raise ValueError(f"{objective}: TrainBatch.kernel is None; pass the rollout's step kernel (and kernel_cfg)")
     kernel = resolve_kernel(batch.kernel)
     kcfg = batch.kernel_cfg if batch.kernel_cfg is not None else kernel.Config()
     n_stored = batch.traj.x.shape[1]
     steps = list(range(n_stored)) if batch.steps is None else [int(j) for j in batch.steps]
     if not steps or max(steps) >= n_stored or min(steps) < -n_stored:
-        raise ValueError(f"grpo: steps {steps} must index the {n_stored} stored steps")
-    guidance = cfg.train_guidance if cfg.train_guidance is not None else batch.guidance
+        raise ValueError(f"{objective}: steps {steps} must index the {n_stored} stored steps")
+    guidance = train_guidance if train_guidance is not None else batch.guidance
+    return StoredSteps(kernel, kcfg, steps, guidance)
+
+
+def clipped_advantages(batch: TrainBatch, adv_clip_max: float) -> tuple[Tensor, Tensor]:
+    """(A clamped to ±adv_clip_max with NaN → 0, the 0/1 weights of the samples that count), on the latents' device."""
     keep = batch.weights().to(batch.traj.x.device)
-    adv = torch.nan_to_num(batch.advantages.float()).clamp(-cfg.adv_clip_max, cfg.adv_clip_max).to(keep.device)
+    adv = torch.nan_to_num(batch.advantages.float()).clamp(-adv_clip_max, adv_clip_max).to(keep.device)
+    return adv, keep
+
+
+@dataclass
+class StepScore:
+    """Stored step j re-scored under the "train" weights: its σ's, the transition (μ_θ, s) and log π_θ − log π_old."""
+
+    x: Tensor
+    x_next: Tensor
+    sigma: Tensor
+    sigma_next: Tensor
+    out: Any                 # flowrl.types.StepOut: mean μ_θ (differentiable), std s
+    log_ratio: Tensor        # (B,)
+
+
+def score_step(policy, batch: TrainBatch, j: int, how: StoredSteps) -> StepScore:
+    """v_θ at stored step j, μ_θ and s from the rollout's kernel, log π_θ(x_{j+1}) − log π_old (module docstring)."""
+    tr = batch.traj
+    x, xn, s, sn = tr.x[:, j].float(), tr.x_next[:, j].float(), tr.sigma[:, j].float(), tr.sigma_next[:, j].float()
+    with policy.adapter("train"):
+        v = policy.velocity(x, s, batch.cond, how.guidance)
+    out = how.kernel.step(x, v.float(), s, sn, x_next=xn, cfg=how.kernel_cfg)
+    logp = how.kernel.log_prob(xn, out.mean, out.std, batch.reduce, how.kernel_cfg)
+    return StepScore(x, xn, s, sn, out, logp - tr.log_prob[:, j].float())
+
+
+@torch.no_grad()
+def reference_mean(policy, batch: TrainBatch, score: StepScore, how: StoredSteps,
+                   adapter: str | None = None) -> Tensor:
+    """μ of the same stored step under weight set ``adapter`` (None: the frozen base), without gradient."""
+    with policy.adapter(adapter):
+        v_ref = policy.velocity(score.x, score.sigma, batch.cond, how.guidance)
+    return how.kernel.step(score.x, v_ref.float(), score.sigma, score.sigma_next, x_next=score.x_next,
+                           cfg=how.kernel_cfg).mean
+
+
+def average_over_steps(steps: list[int], keep: Tensor, terms: Callable[[int], dict[str, Tensor]]) -> dict[str, Tensor]:
+    """{name: Σ_j masked_mean(term_j, keep) / |steps|} for the per-sample terms ``terms(j)`` of every step j."""
     sums: dict[str, Tensor] = {}
     for j in steps:
-        for name, per in _step_terms(policy, batch, j, kernel, kcfg, guidance, cfg, adv).items():
+        for name, per in terms(j).items():
             sums[name] = sums.get(name, 0.0) + masked_mean(per, keep) / len(steps)
-    total = sums["policy"] + (cfg.beta_kl * sums["kl"] if "kl" in sums else 0.0)
-    metrics = {"policy_loss": sums["policy"].detach(), "ratio": sums["ratio"], "clipfrac": sums["clipped"],
-               "approx_kl": sums["approx_kl"]}
-    if "kl" in sums:
-        metrics["kl"] = sums["kl"].detach()
+    return sums
+
+
+def _step_terms(policy, batch: TrainBatch, j: int, how: StoredSteps, cfg: Config, adv: Tensor):
+    """Per-sample policy / ratio / KL terms of stored step j (module docstring)."""
+    sc = score_step(policy, batch, j, how)
+    ratio = torch.exp(sc.log_ratio)
+    terms = {"policy": clipped_surrogate(adv, ratio, cfg.clip_range), "ratio": ratio.detach(),
+             "clipped": ((ratio - 1).abs() > cfg.clip_range).float(), "approx_kl": 0.5 * sc.log_ratio.detach() ** 2}
+    if cfg.beta_kl > 0:
+        mean_ref = reference_mean(policy, batch, sc, how)
+        terms["kl"] = mean_kl(sc.out.mean, mean_ref, sc.out.std, sc.sigma_next - sc.sigma, cfg.kl_form)
+    return terms
+
+
+METRIC_NAMES = {"clipped": "clipfrac"}   # summed per-sample term → logged metric name
+
+
+def loss_out(sums: dict[str, Tensor], beta_kl: float) -> LossOut:
+    """total = policy + β·kl; metrics ``policy_loss`` and every other summed term, detached."""
+    total = sums["policy"] + (beta_kl * sums["kl"] if "kl" in sums else 0.0)
+    metrics = {"policy_loss": sums["policy"].detach()}
+    metrics.update({METRIC_NAMES.get(k, k): v.detach() for k, v in sums.items() if k != "policy"})
     return LossOut(total, metrics)
+
+
+def trajectory_loss(policy, batch: TrainBatch, cfg: Any, objective: str, step_terms: Callable) -> LossOut:
+    """The stored-step objectives' driver: ``step_terms(policy, batch, j, how, cfg, A)`` gives the per-sample
+    terms of step j (``policy`` and, with β > 0, ``kl``); each is averaged over the samples that count and over
+    the trained steps, and the loss is policy + cfg.beta_kl·kl."""
+    how = stored_steps(batch, objective, cfg.train_guidance)
+    adv, keep = clipped_advantages(batch, cfg.adv_clip_max)
+    sums = average_over_steps(how.steps, keep, lambda j: step_terms(policy, batch, j, how, cfg, adv))
+    return loss_out(sums, cfg.beta_kl)
+
+
+def loss(policy, batch: TrainBatch, cfg: Config | None = None) -> LossOut:
+    return trajectory_loss(policy, batch, cfg or Config(), "grpo", _step_terms)
