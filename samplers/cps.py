@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, bcast, check_pair, finish, per_sample
+from samplers.kernel import Kernel, bcast, finish, step_inputs
 from samplers.log_prob import gaussian_log_prob, reduce_elements
 
 LOG_PROBS = ("anchor", "gaussian")
@@ -46,9 +46,7 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
          *, x_next: Tensor | None = None, cfg: Config | None = None) -> StepOut:
     """One CPS step σ → σ' (equations in the module docstring). η = 0 returns the Euler step bit-for-bit."""
     cfg = cfg or Config()
-    x, v, noise = as_f32(x, v, noise)
-    check_pair(x, v, noise if x_next is None else x_next, "noise" if x_next is None else "x_next")
-    s, sn = per_sample(sigma, x), per_sample(sigma_next, x)
+    x, v, noise, s, sn = step_inputs(x, v, sigma, sigma_next, noise, x_next)
     if cfg.noise_level == 0.0:   # exact Euler (the closed form below equals it only up to rounding)
         mean = x + bcast(sn - s, x) * v
         return finish(mean, torch.zeros_like(s), x, None, None if x_next is None else x_next.float())

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, check_pair, finish, per_sample, reverse_sde_mean
+from samplers.kernel import Kernel, finish, require_positive_sigma, reverse_sde_mean, step_inputs
 from samplers.log_prob import gaussian_kernel_log_prob
 
 
@@ -31,11 +31,8 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
          *, x_next: Tensor | None = None, cfg: Config | None = None) -> StepOut:
     """One DanceGRPO SDE step σ → σ' (equations in the module docstring)."""
     cfg = cfg or Config()
-    x, v, noise = as_f32(x, v, noise)
-    check_pair(x, v, noise if x_next is None else x_next, "noise" if x_next is None else "x_next")
-    s, sn = per_sample(sigma, x), per_sample(sigma_next, x)
-    if bool((s <= 0).any()):
-        raise ValueError("dance_sde: σ must be > 0 (the score divides by σ²); the last step to σ=0 should be ODE")
+    x, v, noise, s, sn = step_inputs(x, v, sigma, sigma_next, noise, x_next)
+    require_positive_sigma(s, "dance_sde", "the score divides by σ²")
     ds = sn - s
     eta = torch.full_like(s, cfg.noise_level)
     mean = reverse_sde_mean(x, v, s, ds, eta)

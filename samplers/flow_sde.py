@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, check_pair, finish, per_sample, reverse_sde_mean
+from samplers.kernel import Kernel, finish, require_positive_sigma, reverse_sde_mean, step_inputs
 from samplers.log_prob import gaussian_kernel_log_prob
 
 NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "qwen_image": 1.2, "wan": 1.0}
@@ -66,11 +66,8 @@ def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float
     """One Flow-GRPO SDE step σ → σ' (equations in the module docstring); samples with ``noise`` or scores
     a given ``x_next``; with neither, x_next = μ."""
     cfg = cfg or Config()
-    x, v, noise = as_f32(x, v, noise)
-    check_pair(x, v, noise if x_next is None else x_next, "noise" if x_next is None else "x_next")
-    s, sn = per_sample(sigma, x), per_sample(sigma_next, x)
-    if bool((s <= 0).any()):
-        raise ValueError("flow_sde: σ must be > 0 (the drift divides by σ); the last step to σ=0 should be ODE")
+    x, v, noise, s, sn = step_inputs(x, v, sigma, sigma_next, noise, x_next)
+    require_positive_sigma(s, "flow_sde", "the drift divides by σ")
     dt = sn - s
     g = diffusion_coefficient(s, sn, cfg)
     mean = reverse_sde_mean(x, v, s, dt, g)

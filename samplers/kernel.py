@@ -70,6 +70,19 @@ def check_pair(x: Tensor, v: Tensor, other: Tensor | None, what: str) -> None:
         raise ValueError(f"{what} shape {tuple(other.shape)} != latents shape {tuple(x.shape)}")
 
 
+def step_inputs(x: Tensor, v: Tensor, sigma, sigma_next, noise: Tensor | None, x_next: Tensor | None):
+    """A kernel step's inputs in float32 with their shapes checked: (x, v, noise, σ (B,), σ' (B,))."""
+    x, v, noise = as_f32(x, v, noise)
+    check_pair(x, v, noise if x_next is None else x_next, "noise" if x_next is None else "x_next")
+    return x, v, noise, per_sample(sigma, x), per_sample(sigma_next, x)
+
+
+def require_positive_sigma(s: Tensor, kernel: str, why: str) -> None:
+    """Refuse σ = 0 for an SDE step (the last step to σ = 0 should be ODE)."""
+    if bool((s <= 0).any()):
+        raise ValueError(f"{kernel}: σ must be > 0 ({why}); the last step to σ=0 should be ODE")
+
+
 def reverse_sde_mean(x: Tensor, v: Tensor, sigma: Tensor, dt: Tensor, g: Tensor) -> Tensor:
     """Mean of the reverse-SDE step shared by Flow-GRPO and DanceGRPO (reference A §1.2–1.3):
     ``μ = x + dt·[v + (g²/(2σ))·x̂1]`` with ``x̂1 = x + (1−σ)·v``, written as

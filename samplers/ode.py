@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import Kernel, as_f32, bcast, check_pair, finish, per_sample
+from samplers.kernel import Kernel, bcast, finish, step_inputs
 
 
 @dataclass
@@ -23,9 +23,7 @@ class Config:
 def step(x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, noise: Tensor | None = None,
          *, x_next: Tensor | None = None, cfg: Config | None = None) -> StepOut:
     """Euler step ``x' = x + (σ'−σ)·v``; ``noise`` is ignored (the step is deterministic), std = 0."""
-    x, v = as_f32(x, v)
-    check_pair(x, v, x_next, "x_next")
-    s, sn = per_sample(sigma, x), per_sample(sigma_next, x)
+    x, v, _, s, sn = step_inputs(x, v, sigma, sigma_next, None, x_next)
     mean = x + bcast(sn - s, x) * v
     std = torch.zeros_like(s)
     return finish(mean, std, x, None, None if x_next is None else x_next.float())
