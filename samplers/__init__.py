@@ -26,4 +26,12 @@ WINDOWS = Registry("step window", {
     "merged": "samplers.windows:MergedStep",
 })
 
-__all__ = ["KERNELS", "WINDOWS"]
+BRANCHINGS = Registry("tree branching", {
+    "none": "samplers.tree_spec:NoSplit",
+    "fixed": "samplers.tree_spec:FixedSplits",
+    "window": "samplers.tree_spec:SplitWindow",
+    "random_window": "samplers.tree_spec:RandomSplitWindow",
+    "every_step": "samplers.tree_spec:EveryStep",
+})
+
+__all__ = ["BRANCHINGS", "KERNELS", "WINDOWS"]

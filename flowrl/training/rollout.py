@@ -4,12 +4,17 @@ Row r of the iteration (r = p·G + j: prompt p, sample j) draws all its noise fr
 ``sample_generator(seed, iteration, p, j)`` (samplers.rng), so a sample is the same whichever process or batch
 makes it, and resume replays it. Rollouts run in chunks of ``micro_batch`` rows: encode (with the negative prompt
 when guidance > 1), starting noise, the family's σ grid, then ``samplers.rollout`` with the configured kernel,
-step plan (window) and log-prob reduction.
+step plan (window) and log-prob reduction. With ``sampler.tree`` set, ``flowrl.training.trees`` grows
+one branching tree per prompt instead (the leaves are the samples, the trained edges the rows).
+
+``Samples.metrics`` carries the stage's per-iteration figures for the loop to log: ``rollout/forwards``
+(velocity evaluations spent sampling, all processes), ``train/rows`` and, for stored trajectories,
+``train/forwards`` = rows × stored steps (one pass).
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -30,10 +35,14 @@ class Samples:
     pixels: Tensor | None
     how: Rollout                       # guidance, kernel, kernel Config, reduction (cond/result: all rows)
     rollout_nfe: int = 0               # model evaluations spent on these samples, over all processes
+    metrics: dict = field(default_factory=dict)   # per-iteration figures to log (module docstring)
 
     def training_rows(self, adv: Tensor) -> tuple[Samples, Tensor]:
         """What the update trains on and each row's advantage, given this process's per-sample advantages: the
         samples themselves for a flat rollout."""
+        self.metrics["train/rows"] = int(adv.shape[0])
+        if self.result.traj is not None:
+            self.metrics["train/forwards"] = int(adv.shape[0]) * self.result.traj.x.shape[1]
         return self, adv
 
     def rows(self, idx: Tensor) -> Rollout:
@@ -77,6 +86,11 @@ class RolloutStage:
         self.negative_prompt, self.store_trajectory = negative_prompt, store_trajectory
         g = sampler_cfg.guidance
         self.guidance = float(policy.default_guidance if g is None else g)
+        self.trees = None
+        if getattr(sampler_cfg, "tree", None) is not None:
+            from flowrl.training.trees import TreeStage
+
+            self.trees = TreeStage(self, sampler_cfg.tree)
 
     def plan(self, iteration: int):
         """Which rollout steps are SDE (stored): none for a deterministic kernel, else the window's plan."""
@@ -90,6 +104,8 @@ class RolloutStage:
     def run(self, iteration: int) -> Samples:
         from samplers.rng import sample_generator
 
+        if self.trees is not None:
+            return self.trees.run(iteration)
         items = self.prompts.batch(iteration, self.P)
         rows = list(range(self.P * self.G))[self.dist.local_slice(self.P * self.G)]
         prompts = [items[r // self.G][0] for r in rows]
@@ -100,7 +116,8 @@ class RolloutStage:
             cond, result = self.sample(prompts, gens, iteration)
             pixels = self.decode(result.latents)
         how = Rollout(cond, result, self.guidance, self.kernel, self.s.kernel.config, self.s.log_prob_reduce)
-        return Samples(prompts, meta, group_ids, cond, result, pixels, how, int(result.nfe) * self.P * self.G)
+        nfe = int(result.nfe) * self.P * self.G
+        return Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, {"rollout/forwards": nfe})
 
     def sample(self, prompts: list[str], gens: list, iteration: int) -> tuple[Cond, RolloutResult]:
         """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch."""
@@ -121,6 +138,13 @@ class RolloutStage:
             conds.append(cond)
             results.append(res)
         return cat_conds(conds), concat_results(results)
+
+    def encode(self, prompts: list[str]) -> Cond:
+        """Conditioning of ``prompts`` (with the negative prompt when guidance > 1), micro_batch at a time."""
+        w, mb = self.guidance, self.micro_batch
+        neg = [self.negative_prompt] * len(prompts) if w > 1 else None
+        return cat_conds([self.policy.encode(prompts[a:a + mb], None if neg is None else neg[a:a + mb],
+                                             cfg=w > 1) for a in range(0, len(prompts), mb)])
 
     def decode(self, latents: Tensor) -> Tensor:
         step = self.micro_batch

@@ -1,0 +1,190 @@
+"""Branching-tree rollouts in the training loop (``sampler.tree``): one tree per prompt, its leaves the group,
+its trained edges the rows (docs/training.md "Trees in training"; reference F §A.3).
+
+``TreeStage.run(it)`` → ``TreeSamples``:
+
+- roots: prompt p of iteration n grows one tree from one noise drawn from ``sample_generator(seed, n, p, 0)``;
+  every node then draws from its own generator (``samplers.tree``: a chain continues its parent's stream,
+  child j of a split gets ``child_generator(parent, step, j)``), so a tree draws the same noise alone or
+  beside any other;
+- ``velocity_fn(x, σ, roots) = policy.velocity(x, σ, cond.select(roots), w)`` under the "old" adapter: the
+  frontier of all this process's trees goes through one call per step (chunks of ``train.micro_batch``);
+- leaves: the samples the rewards score; a prompt's leaves are its group, so ``train.group_size`` must equal
+  the leaves per tree; ``rollout_nfe`` = Σ frontier sizes (a shared prefix once), over all processes.
+
+``TreeSamples.training_rows(A)``: A holds the balancer's advantage of each leaf. They are the leaf values of
+the tree credit (``samplers.tree_credit``: backup → node advantages → trained edges), so GRPO trains on the
+edges (K = 1 stored step per row, each with its root's conditioning) with the loss unchanged; an objective
+that trains on the forward process (NFT, AWR, AWM: ``TRAINS_ON.stores_trajectory`` false) trains on the
+leaves with A as is. A tree with a non-finite leaf advantage has all its edges left out (NaN advantage).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flowrl.objectives.sources import Rollout
+from flowrl.training.rollout import Samples
+from flowrl.types import Cond, RolloutResult
+
+
+def leaves_per_tree(branch) -> int:
+    """Leaves of one tree of a ``BranchPlan``: Π factors, or 1 + Σ factors when only the trunk splits."""
+    if branch.trunk:
+        return 1 + sum(branch.factors)
+    out = 1
+    for k in branch.factors:
+        out *= k
+    return out
+
+
+@dataclass
+class EdgeRows:
+    """An iteration's trained tree edges as the update's rows; ``rows(idx)`` is a source's input."""
+
+    cond: Cond                         # per root (this process's trees)
+    batch: Any                         # samplers.tree_store.TreeBatch: traj (E, 1, ...), root (E,), ...
+    sigmas: Tensor
+    how: Rollout
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def rows(self, idx: Tensor) -> Rollout:
+        traj = self.batch.traj.select(idx)
+        result = RolloutResult(traj.x_next[:, 0], self.sigmas, traj, None, 1)
+        return Rollout(self.cond.select(self.batch.root[idx]), result, self.how.guidance, self.how.kernel,
+                       self.how.kernel_cfg, self.how.reduce)
+
+
+@dataclass
+class TreeSamples(Samples):
+    """Samples whose rows are the leaves of this process's trees (one tree per prompt, root-major)."""
+
+    tree: Any = None                   # samplers.tree.TreeRollout
+    spec: Any = None                   # samplers.tree_spec.TreeSpec of this iteration
+    iteration: int = 0
+    root_cond: Cond | None = None
+    train_edges: bool = True           # False: the objective trains on the leaves (forward process)
+
+    def training_rows(self, adv: Tensor) -> tuple[Any, Tensor]:
+        """GRPO: the trained edges and their advantages from the tree credit; else the leaves and ``adv``."""
+        if not self.train_edges:
+            self.metrics["train/rows"] = int(adv.shape[0])
+            return self, adv
+        from samplers.tree import assign_credit
+
+        adv = adv.detach().float().cpu()
+        leaf_ok = torch.isfinite(adv)
+        credit = assign_credit(self.tree, torch.where(leaf_ok, adv, torch.zeros_like(adv)), self.spec,
+                               iteration=self.iteration)
+        batch = credit.batch
+        if batch is None:
+            raise ValueError("sampler.tree: no edge is left to train (every stochastic edge pruned or the "
+                             "rollout stored none); loosen sampler.tree.train")
+        bad_roots = torch.unique(self.tree.leaf_root[~leaf_ok])
+        edge_adv = batch.advantage.float().clone()
+        edge_adv[torch.isin(batch.root, bad_roots)] = float("nan")
+        ok = edge_adv[torch.isfinite(edge_adv)]
+        self.metrics.update({"train/rows": len(batch), "train/forwards": len(batch) * batch.traj.x.shape[1],
+                             "tree/edges_trained": len(batch),
+                             "tree/edge_adv_abs_mean": float(ok.abs().mean()) if ok.numel() else math.nan})
+        return EdgeRows(self.root_cond, batch, self.result.sigmas, self.how), edge_adv
+
+    def rows(self, idx: Tensor) -> Rollout:
+        if self.train_edges:
+            raise ValueError("tree GRPO trains on edges, not leaves: a balancer that asks for per-reward "
+                             "gradients (MARBLE's reward_gram) cannot run with sampler.tree and a trajectory "
+                             "objective; use another balancer or a forward-process objective (nft, awr)")
+        return super().rows(idx)
+
+
+class TreeStage:
+    """Grows this process's trees of one iteration (module docstring); built by ``RolloutStage``."""
+
+    def __init__(self, base, tree_cfg):
+        self.base, self.cfg = base, tree_cfg
+        self.spec = tree_cfg.spec(None)
+        plan, branch = base.plan(0), self.branch(0)
+        if branch.splits and not base.kernel.stochastic:
+            raise ValueError(f"sampler.tree: split steps are SDE steps but sampler.kernel is "
+                             f"{base.kernel.name!r}; set sampler.kernel.kind=flow_sde (or dance_sde, cps)")
+        if branch.trunk and plan is not None and plan.sde_steps:
+            raise ValueError("sampler.tree: this branching grows from a deterministic (ODE) trunk; set "
+                             "sampler.window={kind: fixed, steps: []}")
+        leaves = leaves_per_tree(branch)
+        if leaves != base.G:
+            raise ValueError(f"sampler.tree grows {leaves} leaves per tree and a prompt's leaves are its "
+                             f"group; set train.group_size={leaves} (it is {base.G})")
+
+    def branch(self, iteration: int):
+        """The iteration's split plan (random windows draw from a generator seeded by (seed, iteration))."""
+        from samplers.rng import derived_seed
+
+        rng = random.Random(derived_seed(self.base.seed, iteration, "branch"))
+        return self.spec.branching.plan(iteration, self.base.s.steps, rng)
+
+    def local_prompts(self) -> range:
+        """This process's prompt indices: whole trees only."""
+        b = self.base
+        rows = range(b.P * b.G)[b.dist.local_slice(b.P * b.G)]
+        if len(rows) % b.G or rows.start % b.G:
+            raise ValueError(f"tree rollouts give each process whole trees: train.prompts_per_iter ({b.P}) "
+                             "must be a multiple of the number of processes")
+        return range(rows.start // b.G, rows.start // b.G + len(rows) // b.G)
+
+    def run(self, iteration: int) -> TreeSamples:
+        from samplers.rng import sample_generator
+
+        b = self.base
+        ids = self.local_prompts()
+        items = b.prompts.batch(iteration, b.P)
+        prompts = [items[p][0] for p in ids]
+        gens = [sample_generator(b.seed, iteration, p, 0) for p in ids]
+        with torch.no_grad(), b.dist.autocast():
+            cond, tree = self.grow(prompts, gens, iteration)
+            pixels = b.decode(tree.latents)
+        leaf_root = tree.leaf_root
+        expected = torch.arange(len(ids)).repeat_interleave(b.G)
+        if not torch.equal(leaf_root, expected):
+            raise ValueError(f"sampler.tree: iteration {iteration} grew {leaf_root.numel()} leaves for "
+                             f"{len(ids)} trees; train.group_size={b.G} leaves per tree are needed")
+        roots = leaf_root.tolist()
+        leaf_cond = cond.select(leaf_root)
+        result = RolloutResult(tree.latents, tree.sigmas, None, tree.x0_pred, len(tree.frontier_sizes))
+        how = Rollout(leaf_cond, result, b.guidance, b.kernel, b.s.kernel.config, b.s.log_prob_reduce)
+        nfe = tree.forwards * b.P // len(ids)
+        metrics = {"rollout/forwards": nfe, "tree/forwards_per_leaf": tree.forwards / leaf_root.numel(),
+                   "tree/leaves": b.P * b.G}
+        group_ids = torch.tensor([ids[r] for r in roots], dtype=torch.long)
+        return TreeSamples([prompts[r] for r in roots], [dict(items[ids[r]][1]) for r in roots], group_ids,
+                           leaf_cond, result, pixels, how, nfe, metrics, tree=tree, spec=self.spec,
+                           iteration=iteration, root_cond=cond, train_edges=b.store_trajectory)
+
+    def grow(self, prompts: list[str], gens: list, iteration: int):
+        """(cond per root, the TreeRollout) of ``prompts`` with the "old" weights."""
+        from samplers.tree import tree_rollout
+
+        b, s = self.base, self.base.s
+        cond = b.encode(prompts)
+        x1 = b.policy.noise(gens, s.height, s.width, s.num_frames)
+        sigmas = b.policy.sigmas(s.steps, x1)
+        plan, branch = b.plan(iteration), self.branch(iteration)
+        stochastic = b.kernel.stochastic
+        kernel, ode = (b.kernel, "ode") if stochastic else ("flow_sde", b.kernel)
+        policy, w = b.policy, b.guidance
+
+        def velocity(x: Tensor, sig: Tensor, roots: Tensor) -> Tensor:
+            return policy.velocity(x, sig, cond.select(roots), w)
+
+        with policy.adapter("old"):
+            tree = tree_rollout(velocity, x1, sigmas, plan, branch, noise=self.spec.noise, kernel=kernel,
+                                kernel_cfg=s.kernel.config if stochastic else None, ode_kernel=ode,
+                                ode_kernel_cfg=None if stochastic else s.kernel.config, generators=gens,
+                                reduce=s.log_prob_reduce, store=b.store_trajectory, max_batch=b.micro_batch)
+        return cond, tree
