@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
-from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.objectives import TrainBatch, awm, awr, get_objective
+from flowrl.objectives.sources import FORWARD_PROCESS
 
 B, D = 4, 6
 gen = torch.Generator().manual_seed(10)

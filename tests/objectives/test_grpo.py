@@ -5,8 +5,8 @@ from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, ma
 
 from flowrl.objectives import TrainBatch as _TrainBatch
 from flowrl.objectives import get_objective
-from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.objectives.grpo import Config, clipped_surrogate, loss, mean_kl
+from flowrl.objectives.sources import TRAJECTORY_ROWS
 
 B, D = 6, 8
 SIGMAS = torch.tensor([1.0, 0.8, 0.55, 0.3, 0.0])

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objectives_fakes import FreeVelocity, LinearPolicy, make_cond
 
-from flowrl.objectives.sources import FORWARD_PROCESS
 from flowrl.objectives import TrainBatch, get_objective
 from flowrl.objectives.nft import Config, loss, optimality_probability
+from flowrl.objectives.sources import FORWARD_PROCESS
 
 B, D = 4, 6
 gen = torch.Generator().manual_seed(0)
