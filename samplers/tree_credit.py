@@ -17,8 +17,7 @@ Advantages of the nodes reached by stochastic edges (an edge parent → c carrie
     s: "group" = std of the comparison set ("parent": of the group's leaf rewards), "global" = std of all leaf
     rewards (Flow-GRPO), "none" = 1 (no eps); ``unbiased`` picks torch.std's (n − 1) or the population form.
 
-``depth`` with std "group" is ``flowrl.balancers.advantages.depthwise_advantages`` (same formula; this copy
-exists because samplers/ may not import flowrl.balancers).
+``depth`` with std "group" is BranchGRPO's per-(tree, depth) normalisation (reference C §1.3).
 """
 from __future__ import annotations
 

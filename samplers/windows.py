@@ -235,16 +235,6 @@ def merged_step_entropy(sigmas: Tensor, k: int, m: int, eta: float = 0.7) -> Ten
     return 0.5 * math.log(2 * math.pi * math.e) + torch.log(merged_step_std(sigmas, k, m, eta))
 
 
-def adaptive_merge(sigmas: Tensor, k: int, threshold: float, eta: float = 0.7) -> int:
-    """Smallest m with merged-step entropy ≥ ``threshold`` (E-GRPO's adaptive rule, reference C §2.2 [derived]);
-    the whole remaining grid when no m reaches it."""
-    last = sigmas.numel() - 1 - k
-    for m in range(1, last + 1):
-        if float(merged_step_entropy(sigmas, k, m, eta)) >= threshold:
-            return m
-    return last
-
-
 def window_config(window) -> dict:
     """The window's configuration (dataclass fields, without private state) for logs and checkpoints."""
     return {k: v for k, v in asdict(window).items() if not k.startswith("_")}

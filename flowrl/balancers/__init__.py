@@ -30,6 +30,7 @@ BALANCERS = Registry(
         "gd2po": "flowrl.balancers.gd2po:balance",
         "pcgrad": "flowrl.balancers.pcgrad:balance",
         "famo": "flowrl.balancers.famo:balance",
+        "mc_grpo": "flowrl.balancers.mc_grpo:balance",
     },
 )
 

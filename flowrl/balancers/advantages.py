@@ -1,19 +1,18 @@
 """Group statistics that turn rewards (B,) into advantages (B,): pure functions on tensors.
 
-Groups are integer ids (B,): equal ids came from the same prompt (or the same tree depth, see
-``depthwise_advantages``). A NaN reward means "does not apply to this sample": it is left out of every
-statistic and its advantage is NaN, so callers can mask it (``torch.isfinite``) or zero it (``nan_to_num``).
+Groups are integer ids (B,): equal ids came from the same prompt. A NaN reward means "does not apply to this
+sample": it is left out of every statistic and its advantage is NaN, so callers can mask it
+(``torch.isfinite``) or zero it (``nan_to_num``).
 
 Conventions of the anchors (reference A §2.6, B §1.1, B §5):
 - Flow-GRPO / DiffusionNFT: ``A = (r − mean_group r) / (std + 1e-4)``, std over the whole batch
   (``global_std=True``) or within the group, numpy ``np.std`` i.e. the population std (``unbiased=False``).
 - GDPO / LLM stacks use torch ``.std`` (unbiased).
 - MC-GRPO: median baseline over G+1 rollouts, MAD scale, the median rollout dropped (B §5.6).
-- BranchGRPO: per (tree, depth) normalisation with unbiased std and eps 1e-8 (C §1.3).
+Tree (BranchGRPO per-depth, TempFlow per-sibling) advantages live with the trees, ``samplers.tree_credit``.
 """
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -149,75 +148,3 @@ def median_advantages(
         adv[idx] = a
         keep[idx[arg]] = False
     return adv, keep
-
-
-def depthwise_advantages(
-    r: Tensor, tree_ids: Tensor, depth: Tensor, *, eps: float = 1e-8, min_std: float = 1e-6
-) -> Tensor:
-    """BranchGRPO depth-wise advantages (reference C §1.3): per (tree, depth) set D,
-
-    A(n) = (R(n) − mean_D R) / (std_D R + eps), unbiased std; A = 0 where |D| = 1 or std < min_std.
-    ``r`` are node rewards (already backed up from the leaves), ``depth`` the node depths (B,).
-    """
-    if depth.shape != r.shape:
-        raise ValueError(f"depth shape {tuple(depth.shape)} must equal rewards shape {tuple(r.shape)}")
-    key = tree_ids.long() * (int(depth.max()) + 1) + depth.long()
-    mean, std, cnt = group_stats(r, key, unbiased=True)
-    adv = (r - mean) / (std + eps)
-    flat = (cnt <= 1) | (std < min_std)
-    return torch.where(flat & torch.isfinite(r), torch.zeros_like(adv), adv)
-
-
-class PerPromptStatTracker:
-    """Flow-GRPO's ``PerPromptStatTracker`` (FG:flow_grpo/stat_tracking.py, reference A §2.6), with history.
-
-    ``update(prompts, rewards)`` appends each prompt's rewards to its buffer and returns
-    ``A = (r − mean(buffer_p)) / (s + eps)``, s = population std of this batch's rewards (``global_std``)
-    or of the prompt's buffer. Flow-GRPO clears the buffers every epoch (``clear()``; no history);
-    keeping them gives DDPO's history tracker, where ``buffer_size`` keeps the newest rewards per prompt and a
-    prompt with fewer than ``min_count`` buffered rewards falls back to the batch mean and std.
-    NaN rewards are not buffered and get NaN advantages. ``state_dict``/``load_state_dict`` for resume.
-    """
-
-    def __init__(self, global_std: bool = True, eps: float = 1e-4, buffer_size: int | None = None,
-                 min_count: int = 0):
-        self.global_std, self.eps = global_std, eps
-        self.buffer_size, self.min_count = buffer_size, min_count
-        self.stats: dict[str, list[float]] = {}
-
-    def update(self, prompts: list[str], rewards: Tensor) -> Tensor:
-        if len(prompts) != rewards.numel():
-            raise ValueError(f"{len(prompts)} prompts but {rewards.numel()} rewards; they must pair up")
-        r = rewards.detach().double().flatten().cpu()
-        for p, x in zip(prompts, r.tolist()):
-            if not math.isnan(x):
-                buf = self.stats.setdefault(p, [])
-                buf.append(x)
-                if self.buffer_size is not None:
-                    del buf[: max(0, len(buf) - self.buffer_size)]
-        batch_std = float(finite_std(r))
-        batch_mean = float(r[torch.isfinite(r)].mean()) if torch.isfinite(r).any() else float("nan")
-        adv = torch.full_like(r, float("nan"))
-        for i, (p, x) in enumerate(zip(prompts, r.tolist())):
-            buf = torch.tensor(self.stats.get(p, []), dtype=torch.float64)
-            if buf.numel() < max(self.min_count, 1):
-                mean, std = batch_mean, batch_std
-            else:
-                mean = float(buf.mean())
-                std = batch_std if self.global_std else float(buf.std(unbiased=False))
-            adv[i] = (x - mean) / (std + self.eps)
-        return adv.to(rewards.dtype).reshape(rewards.shape)
-
-    def clear(self) -> None:
-        self.stats.clear()
-
-    def get_stats(self) -> tuple[float, int]:
-        """(mean buffered rewards per prompt, number of prompts), as Flow-GRPO logs them."""
-        n = len(self.stats)
-        return (sum(len(v) for v in self.stats.values()) / n if n else 0.0), n
-
-    def state_dict(self) -> dict:
-        return {"stats": {k: list(v) for k, v in self.stats.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.stats = {k: list(v) for k, v in state["stats"].items()}

@@ -30,7 +30,7 @@ from flowrl.balancers.services import NoServices
 
 @dataclass
 class Config:
-    std: str = "global"              # one PerPromptStatTracker(global_std=True) per reward
+    std: str = "global"              # per reward: Flow-GRPO's group mean, std over the batch (global_std=True)
     eps: float = 1e-4
     unbiased: bool = False
     alpha_ema_decay: float = 0.7     # ρ; 0 = no smoothing

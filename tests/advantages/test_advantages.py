@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from flowrl.balancers.advantages import (
-    PerPromptStatTracker,
     batch_normalize,
     clip_advantages,
-    depthwise_advantages,
     group_advantages,
     group_stats,
     median_advantages,
@@ -103,38 +101,3 @@ def test_mc_grpo_two_groups_and_nan():
     want = torch.tensor([1 / 1.001, -2 / 2.001, NAN, -3 / 1.001, 7 / 2.001, 0.0, 0.0])
     torch.testing.assert_close(a, want, equal_nan=True)
     assert keep.tolist() == [True, True, False, True, True, False, False]
-
-
-def test_depthwise_by_hand():
-    r = torch.tensor([1.0, 1.0, 3.0, 5.0, 2.0])
-    tree = torch.tensor([0, 0, 0, 0, 1])
-    depth = torch.tensor([0, 1, 1, 1, 1])
-    a = depthwise_advantages(r, tree, depth)
-    # depth 0 of tree 0 is alone → 0; depth 1 of tree 0: {1,3,5}, mean 3, unbiased std 2
-    torch.testing.assert_close(a, torch.tensor([0.0, -2 / (2 + 1e-8), 0.0, 2 / (2 + 1e-8), 0.0]))
-
-
-def test_tracker_matches_flow_grpo_and_resumes():
-    prompts = ["a", "b", "a", "b"]
-    r = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
-    t = PerPromptStatTracker(global_std=True)
-    a = t.update(prompts, r)
-    s = np.std([1, 2, 3, 6])
-    torch.testing.assert_close(a, torch.tensor([-1.0, -2.0, 1.0, 2.0], dtype=torch.float64) / (s + 1e-4))
-    # history: a second batch is centred on the buffer, which survives a state_dict round trip
-    t2 = PerPromptStatTracker(global_std=False)
-    t2.load_state_dict(t.state_dict())
-    a2 = t2.update(["a"], torch.tensor([5.0], dtype=torch.float64))
-    buf = np.array([1.0, 3.0, 5.0])
-    assert a2.item() == pytest.approx((5 - buf.mean()) / (buf.std() + 1e-4))
-    assert t2.get_stats() == (2.5, 2)
-    t2.clear()
-    assert t2.get_stats() == (0.0, 0)
-
-
-def test_tracker_buffer_and_min_count():
-    t = PerPromptStatTracker(global_std=False, buffer_size=2, min_count=3)
-    a = t.update(["p", "p"], torch.tensor([0.0, 2.0]))  # 2 < min_count → batch stats
-    torch.testing.assert_close(a, torch.tensor([-1.0, 1.0]) / (1 + 1e-4))
-    t.update(["p"], torch.tensor([4.0]))
-    assert t.stats["p"] == [2.0, 4.0]

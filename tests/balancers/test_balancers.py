@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from flowrl.balancers import BALANCERS, gdpo, get_balancer, marble, weighted_sum
+from flowrl.balancers.advantages import median_advantages
 from flowrl.balancers.min_norm import frank_wolfe, min_norm_pair, solve_min_norm
 from flowrl.balancers.services import FixedGram, NoServices
 
@@ -149,3 +150,22 @@ def test_marble_nan_rewards_and_proxy_gram():
     assert torch.isfinite(adv).all()
     with pytest.raises(ValueError, match="gram must be"):
         marble.balance(Rm, G, state={}, services=FixedGram(torch.eye(3)))
+
+
+def test_mc_grpo_is_the_median_baseline_on_the_weighted_sum_and_drops_the_median():
+    R = torch.tensor([[1.0, 0.0], [3.0, 1.0], [0.0, 2.0], [5.0, 5.0], [2.0, 2.0], [9.0, 9.0]], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    w = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    spec = get_balancer("mc_grpo")
+    adv, diag = spec.balance(R, groups, w, {}, spec.Config(compensate=False))
+    S = R @ w                                        # [1, 3.5, 1, 7.5, 3, 13.5]
+    want, keep = median_advantages(S, groups, compensate=False)
+    torch.testing.assert_close(adv[keep], want[keep])
+    assert adv[~keep].isnan().all() and int(diag["dropped_median"]) == 2
+
+
+def test_mc_grpo_from_yaml(tmp_path):
+    from flowrl.config import load_config
+
+    cfg = load_config(None, ["advantage.balancer={kind: mc_grpo, mad_eps: 0.01}"])
+    assert cfg.advantage.balancer.kind == "mc_grpo" and cfg.advantage.balancer.config.mad_eps == 0.01

@@ -13,7 +13,6 @@ from samplers.windows import (
     MergedStep,
     SlidingWindow,
     StepPlan,
-    adaptive_merge,
     merged_step_entropy,
     merged_step_std,
 )
@@ -97,8 +96,6 @@ def test_egrpo_merged_step_std_and_entropy():
     # merging raises the entropy by ½·log((σ_k − σ_{k+m})/(σ_k − σ_{k+1}))
     gain = float(merged_step_entropy(sig, k, m, eta) - merged_step_entropy(sig, k, 1, eta))
     assert math.isclose(gain, 0.5 * math.log((s - sn) / (s - float(sig[k + 1]))), rel_tol=1e-5)
-    thr = float(merged_step_entropy(sig, k, 3, eta)) - 1e-6
-    assert adaptive_merge(sig, k, thr, eta) == 3
 
 
 def test_egrpo_window_plans():

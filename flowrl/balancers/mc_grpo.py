@@ -1,0 +1,40 @@
+"""MC-GRPO — the median baseline on the weighted reward sum (reference B §5.6; ``advantages.median_advantages``).
+
+    S_i = Σ_{k: R_ik finite} w_k R_ik,   m_p = median_{i∈p} S_i,   MAD_p = median_{i∈p} |S_i − m_p| + mad_eps
+    A_i = (S_i − m_p) / MAD_p,  nonzero A of a group × n_p / #nonzero (compensate),  the median rollout → NaN
+
+Sample G + 1 rollouts per prompt (train.group_size = G + 1): the median one carries no signal and is dropped
+from the loss (a NaN advantage is never trained on), so G rollouts backpropagate. Robust to a few outlying
+rewards, where the mean/std baseline is pulled by them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.balancers.advantages import median_advantages
+from flowrl.balancers.common import any_finite, check_inputs, on_cpu
+
+
+@dataclass
+class Config:
+    mad_eps: float = 1e-3
+    compensate: bool = True           # scale the nonzero advantages by n_p / #nonzero
+
+    def __post_init__(self):
+        if not self.mad_eps > 0:
+            raise ValueError(f"mc_grpo mad_eps must be > 0 (it divides the advantages), got {self.mad_eps}")
+
+
+@on_cpu
+def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
+            cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
+    cfg = cfg or Config()
+    w = check_inputs(R, group_ids, weights)
+    S = torch.where(torch.isfinite(R), R * w, torch.zeros_like(R)).sum(dim=1)
+    S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
+    adv, keep = median_advantages(S, group_ids, mad_eps=cfg.mad_eps, compensate=cfg.compensate)
+    adv = torch.where(keep, adv, torch.full_like(adv, float("nan")))
+    return adv, {"dropped_median": (~keep & torch.isfinite(S)).float().sum()}
