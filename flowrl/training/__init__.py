@@ -2,6 +2,9 @@
 logging and checkpoints around it.
 
 ``trainer.Trainer`` reads top to bottom; each stage is a module that takes only the objects it uses:
-``parts`` (building every component from a ``RunConfig`` through the registries), ``update`` (the inner
-optimisation), ``evaluation`` (held-out evaluation and grids), ``metrics_log`` (metrics.jsonl, TensorBoard, wandb).
+``rollout`` (samples with the "old" adapter, flat or tree; ``pool`` in front of it), ``scoring`` (rewards),
+``advantage`` (balancer → objective mapping), ``update`` (the inner optimisation and the balancers' gradient
+service), ``evaluation`` (held-out evaluation, detectors, drift alarms). ``parts`` builds every component from a
+``RunConfig`` through the registries; ``state`` holds the counters; ``metrics_log`` writes metrics.jsonl,
+TensorBoard and wandb.
 """
