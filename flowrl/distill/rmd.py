@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from flowrl.distill.causal_wan import CausalWan, x0_from_flow
@@ -64,15 +65,12 @@ def split_chunks(x: Tensor, frames: int) -> Tensor:
     if f % frames:
         raise ValueError(f"{f} latent frames do not split into score chunks of {frames}; "
                          "set rmd.score_chunk_frames to a divisor of the frame count")
-    n = f // frames
-    return x.reshape(b, c, n, frames, h, w).permute(0, 2, 1, 3, 4, 5).reshape(b * n, c, frames, h, w)
+    return rearrange(x, "b c (n k) h w -> (b n) c k h w", k=frames)
 
 
 def merge_chunks(x: Tensor, batch: int) -> Tensor:
     """Inverse of ``split_chunks``."""
-    bn, c, k, h, w = x.shape
-    n = bn // batch
-    return x.reshape(batch, n, c, k, h, w).permute(0, 2, 1, 3, 4, 5).reshape(batch, c, n * k, h, w)
+    return rearrange(x, "(b n) c k h w -> b c (n k) h w", b=batch)
 
 
 def combine_first_chunk(loss_first: Tensor, loss_rest: Tensor, n_first: int, n_rest: int,

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from flowrl.policies import components as comp
@@ -57,15 +58,12 @@ def pack_latents(x: Tensor) -> Tensor:
     b, c, h, w = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"FLUX latents need even height and width, got {h}×{w}")
-    x = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+    return rearrange(x, "b c (h p) (w q) -> b (h w) (c p q)", p=2, q=2)
 
 
 def unpack_latents(tokens: Tensor, h: int, w: int) -> Tensor:
     """Inverse of ``pack_latents`` for latent height ``h`` and width ``w``."""
-    b, _, d = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, d // 4, h, w)
+    return rearrange(tokens, "b (h w) (c p q) -> b c (h p) (w q)", h=h // 2, w=w // 2, p=2, q=2)
 
 
 def latent_image_ids(h: int, w: int, device=None, dtype=torch.float32) -> Tensor:
