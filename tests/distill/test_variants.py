@@ -225,3 +225,17 @@ def test_rmd_first_chunk_goes_to_base_teacher_and_its_own_critic():
     lr, _ = generator_dmd_loss(xs[[1, 2, 3, 5, 6, 7]], torch.zeros(6, 1, 1), torch.zeros(6, 1, 1),
                                bidirectional_score(Fake(0.7)), bidirectional_score(Fake(0.2)), dcfg, generator=gen)
     assert torch.allclose(loss, (2 * l1 + 3 * lr) / (3 + 2)) and loss.requires_grad
+
+
+def test_rmd_chunk_split_is_sample_major_and_merge_inverts_it():
+    from flowrl.distill.rmd import merge_chunks, split_chunks
+
+    x = torch.randn(2, 3, 6, 2, 2)
+    parts = split_chunks(x, 2)                        # row b·n + k is frames 2k..2k+1 of sample b
+    assert parts.shape == (6, 3, 2, 2, 2)
+    for b in range(2):
+        for k in range(3):
+            assert torch.equal(parts[b * 3 + k], x[b, :, 2 * k:2 * k + 2])
+    assert torch.equal(merge_chunks(parts, 2), x)
+    with pytest.raises(ValueError, match="score_chunk_frames"):
+        split_chunks(x, 4)
