@@ -26,13 +26,14 @@ e.g. tree edges). Defaults are ``general_ocr_sd3_rationorm``: ε = 2e-6, β = 0 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal  # noqa: F401  (Literal: the inherited annotations resolve here)
 
 import torch
 from torch import Tensor
 
 from flowrl.objectives import grpo
 from flowrl.objectives.batch import TrainBatch
+from flowrl.objectives.old_policy import OldUpdate  # noqa: F401  (an inherited annotation, resolved by the loader)
 from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.types import LossOut
 

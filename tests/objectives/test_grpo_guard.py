@@ -4,6 +4,7 @@ import pytest
 import torch
 from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, make_cond, rollout
 
+from flowrl.config.loader import from_dict
 from flowrl.objectives import TrainBatch as _TrainBatch
 from flowrl.objectives import get_objective, grpo, grpo_guard
 from flowrl.objectives.sources import TRAJECTORY_ROWS
@@ -47,6 +48,8 @@ def test_spec_defaults_are_the_rationorm_recipe():
                                                                                    "on_policy")
     with pytest.raises(ValueError, match="grpo_guard clip_range"):
         grpo_guard.Config(clip_range=0.0)
+    built = from_dict(grpo_guard.Config, {"clip_range": 1e-5, "kl_form": "gaussian", "old_update": "nft"})
+    assert (built.clip_range, built.kl_form, built.old_update) == (1e-5, "gaussian", "nft")
 
 
 def test_bias_is_reduced_per_sample_not_over_the_batch():

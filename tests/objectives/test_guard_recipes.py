@@ -1,0 +1,37 @@
+"""The guard recipes (configs/toy/guards/<base>_<guard>.yaml (base = the first word)) are their base recipe (configs/toy/<base>.yaml) with
+only the objective and the run name changed, so a retuned base is noticed here; a wrapped objective is the base's
+own with its KL to the base removed (the guard replaces it)."""
+from pathlib import Path
+
+import pytest
+
+from flowrl.config import load_config
+from flowrl.config.loader import read_yaml_file
+
+REPO = Path(__file__).resolve().parents[2]
+GUARDS = sorted((REPO / "configs" / "toy" / "guards").glob("*.yaml"))
+
+
+def base_of(guard: Path) -> Path:
+    return REPO / "configs" / "toy" / f"{guard.stem.split('_')[0]}.yaml"
+
+
+def test_there_are_guard_recipes_for_grpo_and_nft():
+    bases = {base_of(g).stem for g in GUARDS}
+    assert {"grpo", "nft"} <= bases and all(base_of(g).is_file() for g in GUARDS)
+
+
+@pytest.mark.parametrize("guard", GUARDS, ids=lambda p: p.stem)
+def test_guard_recipe_is_its_base_with_another_objective(guard):
+    g, b = read_yaml_file(guard), read_yaml_file(base_of(guard))
+    assert set(g) == set(b)
+    for section in set(g) - {"objective", "run"}:
+        assert g[section] == b[section], f"{guard.name}: section {section!r} differs from {base_of(guard).name}"
+    assert {k: v for k, v in g["run"].items() if k != "name"} == {k: v for k, v in b["run"].items() if k != "name"}
+    assert g["run"]["name"] != b["run"]["name"]
+    if g["objective"]["kind"] == "normguard":
+        assert g["objective"]["inner"] == {**b["objective"], "beta_kl": 0.0}
+    else:
+        assert b["objective"]["kind"] == "grpo" and g["objective"].get("beta_kl", 0.0) == 0.0
+    cfg = load_config(guard)
+    assert cfg.objective.kind == g["objective"]["kind"]
