@@ -2,7 +2,8 @@
 
 Two modes behind one interface (composed into every policy):
 
-* LoRA (default): peft named adapters on the one transformer (``lora.py``); switching never copies.
+* LoRA (default): peft named adapters on the one transformer (``lora.py``); switching never copies. Besides
+  "train" and "old", ``LoraConfig.names`` may list more (e.g. "ref"); each starts equal to "train".
 * Full fine-tune (``lora=None``): every transformer parameter trains; "old" and the base are frozen
   deep copies of the transformer made at construction. Memory cost: one extra copy of the transformer
   weights for "old" and one for the base (``keep_base=False`` drops the base copy, e.g. when no KL to the
@@ -48,8 +49,9 @@ class TransformerWeights:
         return self.lora_config is not None
 
     def names(self) -> list[str | None]:
-        """The weight sets this policy can switch to."""
-        return [TRAIN, OLD, None] if self.is_lora else [TRAIN, *self._copies]
+        """The weight sets this policy can switch to: with LoRA every adapter of ``LoraConfig.names`` (e.g. a
+        third, "ref", a refreshable reference for GARDO) and the base."""
+        return [*self.lora_config.names, None] if self.is_lora else [TRAIN, *self._copies]
 
     def module(self) -> nn.Module:
         """The module to call for the active weight set."""
