@@ -1,6 +1,6 @@
-"""The guard recipes (configs/toy/guards/<base>_<guard>.yaml (base = the first word)) are their base recipe (configs/toy/<base>.yaml) with
-only the objective and the run name changed, so a retuned base is noticed here; a wrapped objective is the base's
-own with its KL to the base removed (the guard replaces it)."""
+"""The guard recipes (configs/toy/guards/<base>_<guard>.yaml, base = the first word) are their base recipe
+(configs/toy/<base>.yaml) with only the objective and the run name changed, so a retuned base is noticed here; a
+wrapped objective is the base's own with its KL to the base removed (the guard replaces it)."""
 from pathlib import Path
 
 import pytest

@@ -122,8 +122,9 @@ def test_loop_sees_the_inner_objective():
     adv, groups = torch.tensor([1.0, -1.0, 0.5, 2.0]), torch.tensor([0, 0, 1, 1])
     torch.testing.assert_close(spec.prepare_advantages(adv, groups, cfg),
                                awr.prepare_advantages(adv, groups, cfg.inner.config))
-    grpo_spec = get_objective("normguard", config({"kind": "grpo"}))
-    assert grpo_spec.TRAINS_ON.source is TRAJECTORY_ROWS and grpo_spec.old_decay(cfg, 5) is not None
+    grpo_cfg = config({"kind": "grpo"})
+    grpo_spec = get_objective("normguard", grpo_cfg)
+    assert grpo_spec.TRAINS_ON.source is TRAJECTORY_ROWS and grpo_spec.old_decay(grpo_cfg, 200) == 0.0
     state: dict = {}
     spec.end_iteration(None, cfg, state, 3)
     assert state == {"inner": {}}
