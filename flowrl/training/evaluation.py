@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from flowrl.eval.velocity_norm import velocity_norm
+
 
 @contextmanager
 def ema_weights(ema):
@@ -43,7 +45,7 @@ class VelocityMeter:
 
     def velocity(self, x, sigma, cond, guidance=None):
         v = self._policy.velocity(x, sigma, cond, guidance)
-        self.rms.append(v.detach().float().flatten(1).pow(2).mean(1).sqrt())
+        self.rms.append(velocity_norm(v.detach()))
         return v
 
     def mean(self) -> float:

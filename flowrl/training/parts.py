@@ -57,7 +57,7 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
     from rewards import RewardSet
     from samplers import KERNELS, WINDOWS
 
-    objective = get_objective(cfg.objective.kind)
+    objective = get_objective(cfg.objective.kind, cfg.objective.config)
     kernel = KERNELS.get(cfg.sampler.kernel.kind)
     objective.TRAINS_ON.check_kernel(cfg.objective.kind, kernel)
     policy = policy if policy is not None else build_policy(cfg, dist.device)
