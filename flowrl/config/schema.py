@@ -90,6 +90,9 @@ class SamplerSection:
                                                       # its stored steps with the same reduction
     tree: Any = field(default=None, metadata={"build": optional_section("samplers.tree_config:TreeConfig")})
     # None: flat rollouts; {preset: branchgrpo, ...}: one branching tree per prompt (docs/training.md "Trees")
+    pool: Any = field(default=None, metadata={"build": optional_section("flowrl.training.pool:PoolConfig")})
+    # None: no pool; {candidates: N, scout: {kind: x0_exit}, ...}: scout N seeds per prompt, regenerate the
+    # train.group_size kept ones (docs/training.md "Candidate pools")
 
 
 def build_rewards(data: Any, where: str, source: Source | None) -> dict:

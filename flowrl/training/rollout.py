@@ -5,7 +5,9 @@ Row r of the iteration (r = p·G + j: prompt p, sample j) draws all its noise fr
 makes it, and resume replays it. Rollouts run in chunks of ``micro_batch`` rows: encode (with the negative prompt
 when guidance > 1), starting noise, the family's σ grid, then ``samplers.rollout`` with the configured kernel,
 step plan (window) and log-prob reduction. With ``sampler.tree`` set, ``flowrl.training.trees`` grows
-one branching tree per prompt instead (the leaves are the samples, the trained edges the rows).
+one branching tree per prompt instead (the leaves are the samples, the trained edges the rows); with
+``sampler.pool`` set, ``flowrl.training.pool`` scouts N candidate seeds per prompt and this stage regenerates
+the K kept ones.
 
 ``Samples.metrics`` carries the stage's per-iteration figures for the loop to log: ``rollout/forwards``
 (velocity evaluations spent sampling, all processes), ``train/rows`` and, for stored trajectories,
@@ -79,18 +81,27 @@ class RolloutStage:
     """Samples an iteration's prompts × group with the "old" weights; ``run(it)`` → ``Samples``."""
 
     def __init__(self, policy, sampler_cfg, kernel, window, prompts, dist, *, seed: int, prompts_per_iter: int,
-                 group_size: int, micro_batch: int, negative_prompt: str, store_trajectory: bool):
+                 group_size: int, micro_batch: int, negative_prompt: str, store_trajectory: bool,
+                 rewards=None):
         self.policy, self.s, self.kernel, self.window = policy, sampler_cfg, kernel, window
+        self.rewards = rewards             # rewards.RewardSet: what a candidate-pool scout scores with
         self.prompts, self.dist, self.seed = prompts, dist, seed
         self.P, self.G, self.micro_batch = prompts_per_iter, group_size, micro_batch
         self.negative_prompt, self.store_trajectory = negative_prompt, store_trajectory
         g = sampler_cfg.guidance
         self.guidance = float(policy.default_guidance if g is None else g)
-        self.trees = None
-        if getattr(sampler_cfg, "tree", None) is not None:
+        tree, pool = getattr(sampler_cfg, "tree", None), getattr(sampler_cfg, "pool", None)
+        if tree is not None and pool is not None:
+            raise ValueError("sampler.pool and sampler.tree cannot be combined; set one of them to null")
+        self.trees = self.pool = None
+        if tree is not None:
             from flowrl.training.trees import TreeStage
 
-            self.trees = TreeStage(self, sampler_cfg.tree)
+            self.trees = TreeStage(self, tree)
+        if pool is not None:
+            from flowrl.training.pool import PoolStage
+
+            self.pool = PoolStage(self, pool)
 
     def plan(self, iteration: int):
         """Which rollout steps are SDE (stored): none for a deterministic kernel, else the window's plan."""
@@ -106,6 +117,8 @@ class RolloutStage:
 
         if self.trees is not None:
             return self.trees.run(iteration)
+        if self.pool is not None:
+            return self.pool.run(iteration)
         items = self.prompts.batch(iteration, self.P)
         rows = list(range(self.P * self.G))[self.dist.local_slice(self.P * self.G)]
         prompts = [items[r // self.G][0] for r in rows]
@@ -119,8 +132,19 @@ class RolloutStage:
         nfe = int(result.nfe) * self.P * self.G
         return Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, {"rollout/forwards": nfe})
 
-    def sample(self, prompts: list[str], gens: list, iteration: int) -> tuple[Cond, RolloutResult]:
-        """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch."""
+    def calls_per_sample(self, plan) -> int:
+        """Model calls of one flat rollout of ``sampler.steps`` steps with ``plan`` (merged SDE steps and a
+        compressed tail make fewer)."""
+        from samplers.tree import build_stages
+        from samplers.tree_spec import BranchPlan
+        from samplers.windows import StepPlan
+
+        n = self.s.steps
+        return len(build_stages(torch.linspace(1.0, 0.0, n + 1), plan or StepPlan(n), BranchPlan(n)))
+
+    def sample(self, prompts: list[str], gens: list, iteration: int, wrap=None) -> tuple[Cond, RolloutResult]:
+        """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch;
+        ``wrap(chunk slice, velocity_fn) -> velocity_fn`` may intercept a chunk's model calls (pools)."""
         from samplers.rollout import rollout
 
         s, w, policy = self.s, self.guidance, self.policy
@@ -131,9 +155,10 @@ class RolloutStage:
             cond = policy.encode(prompts[sl], None if neg is None else neg[sl], cfg=w > 1)
             x1 = policy.noise(gens[sl], s.height, s.width, s.num_frames)
             sigmas = policy.sigmas(s.steps, x1)
+            vf = lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w)   # noqa: E731
             with policy.adapter("old"):
-                res = rollout(lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w), x1, sigmas, plan,
-                              self.kernel, s.kernel.config, gens[sl], reduce=s.log_prob_reduce,
+                res = rollout(vf if wrap is None else wrap(sl, vf), x1, sigmas, plan, self.kernel,
+                              s.kernel.config, gens[sl], reduce=s.log_prob_reduce,
                               store=self.store_trajectory)
             conds.append(cond)
             results.append(res)
