@@ -16,16 +16,16 @@ Scouts, on the same seeds:
   in_features is a multiple of 32 quantized (reference F §B.3's 60 layers), k = ``--steps`` and 6 (Sol-RL's
   preview length). On CPU this emulation measures ranking fidelity only; it is slower than full precision.
 
-Per scout: forwards per candidate, mean over prompts of Kendall τ-b between scout and reference rewards (prompts
-whose τ is undefined — a constant list — are left out and counted), the contrast kept by best-worst selection of
-``--keep`` (the reference-reward gap between the scout's top and bottom halves ÷ the oracle's, ``samplers.select.
-selected_contrast``; 1 = oracle, ≈ 0 random), the mean of the top and bottom hit rates, and the mean scout
-reward. Keys ``tau_nvfp4_full_steps``, ``tau_mxfp4_full_steps``, ``tau_x0_exit`` (the exit whose σ is nearest
-0.6), with targets NVFP4 τ ≥ 0.70 and x̂0 exit τ ≥ 0.75 (reference F §E, T-B1), and ``fp4_refresh_s`` (merging
-the adapter and re-quantizing the copy, what a training pool pays per iteration).
+Per scout: forwards per candidate, mean over prompts of Kendall τ-b between scout and reference rewards
+(prompts whose τ is undefined — a constant list — are left out and counted), the contrast kept by best-worst
+selection of ``--keep`` (the reference-reward gap between the scout's top and bottom halves ÷ the oracle's,
+``samplers.select.selected_contrast``; 1 = oracle, ≈ 0 random), the mean of the top and bottom hit rates, and
+the mean scout reward. Keys ``tau_nvfp4_full_steps``, ``tau_mxfp4_full_steps``, ``tau_x0_exit`` (the exit
+whose σ is nearest 0.6), with targets NVFP4 τ ≥ 0.70 and x̂0 exit τ ≥ 0.75 (reference F §E, T-B1), and
+``fp4_refresh_s`` (merging the adapter and re-quantizing the copy, what a training pool pays per iteration).
 
-The last line printed is the JSON result; ``--quick`` (4 prompts × 8 seeds, 8 steps) checks the script end to end
-in about a minute, its figures are not results.
+The last line printed is the JSON result; ``--quick`` (4 prompts × 8 seeds, 8 steps) checks the script end to
+end in under a minute, its figures are not results.
 """
 from __future__ import annotations
 
