@@ -5,6 +5,7 @@ Imports only torch and flowrl.types (plus flowrl.registry here). Kernels and win
     >>> from samplers import KERNELS, WINDOWS
     >>> k = KERNELS.get("flow_sde"); out = k.step(x, v, sigma, sigma_next, noise, cfg=k.config(noise_level=0.9))
     >>> plan = WINDOWS.get("sliding")().plan(iteration, num_steps)
+    >>> branch = BRANCHINGS.get("fixed")(steps=(0, 2, 4)).plan(iteration, num_steps)   # a tree's splits
 
 See docs/samplers.md for the equations, the log-prob normalisation choice and how to add a kernel.
 """

@@ -34,16 +34,30 @@ def build_branching(data: Any, where: str, source: Any) -> Any:
     return build_plugin(BRANCHINGS, data, where, source, None)
 
 
+def optional(cls: type):
+    """A field builder: null → None (the preset's component), a mapping → ``cls`` built strictly (its own
+    checks name the bad value)."""
+
+    def build(data: Any, where: str, source: Any) -> Any:
+        if data is None or isinstance(data, cls):
+            return data
+        from flowrl.config.loader import from_dict
+
+        return from_dict(cls, data, where, source)
+
+    return field(default=None, metadata={"build": build})
+
+
 @dataclass
 class TreeConfig:
     """One tree per prompt from one noise (docs/training.md "Trees in training")."""
 
     preset: str | None = "branchgrpo"
     branching: Any = field(default=None, metadata={"build": build_branching})
-    noise: SplitNoise | None = None
-    backup: Backup | None = None
-    advantage: TreeAdvantage | None = None
-    train: TrainEdges | None = None
+    noise: Any = optional(SplitNoise)
+    backup: Any = optional(Backup)
+    advantage: Any = optional(TreeAdvantage)
+    train: Any = optional(TrainEdges)
 
     def __post_init__(self):
         if self.preset is not None and self.preset not in PRESETS:
