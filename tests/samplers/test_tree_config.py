@@ -20,7 +20,8 @@ def test_a_preset_alone_is_the_preset_with_the_given_window():
 
 
 def test_a_given_component_replaces_the_presets_whole_component():
-    cfg = TreeConfig(preset="branchgrpo", branching=ts.FixedSplits((0, 2, 4)), train=ts.TrainEdges(width="best_worst"))
+    cfg = TreeConfig(preset="branchgrpo", branching=ts.FixedSplits((0, 2, 4)),
+                     train=ts.TrainEdges(width="best_worst"))
     spec = cfg.spec(None)
     assert spec.branching == ts.FixedSplits((0, 2, 4), 2) and spec.noise == ts.SplitNoise(4.0)
     assert spec.train == ts.TrainEdges(width="best_worst")          # depth_prune etc. back to the defaults
@@ -29,7 +30,8 @@ def test_a_given_component_replaces_the_presets_whole_component():
 def test_no_preset_starts_from_the_spec_defaults():
     spec = TreeConfig(preset=None, noise=ts.SplitNoise(2.0)).spec(None)
     ref = ts.TreeSpec()
-    assert spec.branching == ref.branching and spec.noise == ts.SplitNoise(2.0) and spec.advantage == ref.advantage
+    assert spec.branching == ref.branching and spec.advantage == ref.advantage
+    assert spec.noise == ts.SplitNoise(2.0)
 
 
 def test_yaml_section_builds_the_branching_through_its_registry_and_round_trips():
