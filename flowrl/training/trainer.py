@@ -52,7 +52,7 @@ class Trainer:
         self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
                                     seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
                                     micro_batch=t.micro_batch, negative_prompt=cfg.data.negative_prompt,
-                                    store_trajectory=p.objective.TRAINS_ON.stores_trajectory)
+                                    store_trajectory=p.objective.TRAINS_ON.stores_trajectory, rewards=p.rewards)
         weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
         self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,
                                          p.objective_cfg, p.balancer_state, prompts_per_iter=t.prompts_per_iter,
@@ -107,7 +107,7 @@ class Trainer:
         scores = score_samples(p.rewards, self.dist, samples)
         adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it))
         rows, row_adv = samples.training_rows(adv[self.dist.local_slice(adv.shape[0])])
-        metrics = {**scores.metrics, **adv_metrics}
+        metrics = {**scores.metrics, **adv_metrics, **samples.metrics}
         stats = UpdateStats()
         if self.update_allowed(scores, adv, metrics):
             stats = self.updater.run(rows, row_adv, torch.isfinite(row_adv), it, self.state.global_step)
