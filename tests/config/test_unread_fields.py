@@ -1,0 +1,135 @@
+"""One owner per setting: every recipe in configs/ runs one tiny iteration (tiny models, tiny sizes, offline
+rewards), and every schema field must have been read by some component. Fields read only on paths a CPU test
+cannot take are in ALLOWED, each with the reason."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from read_tracker import tracking
+
+from flowrl.config import load_config
+from flowrl.training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[2]
+RL_RECIPES = sorted(p for p in (REPO / "configs").rglob("*.yaml")
+                    if p.parent.name not in ("distill", "accelerate") and "prompts" not in p.parts)
+
+ALLOWED = {
+    # weights come from a checkpoint only in real runs; tiny policies are built from config objects
+    "policy.path": "read by from_pretrained (real checkpoints); tiny runs build from config",
+    "policy.dtype": "read by from_pretrained (real checkpoints); tiny runs build from config",
+    # faults: read only when they happen (tests/trainer/test_nonfinite.py covers them)
+    "train.max_skipped": "read when an update is skipped for a non-finite value",
+    # the accelerator is passed in below (one CPU process)
+    "run.mixed_precision": "read by make_accelerator; the test passes its own CPU accelerator",
+    "run.cpu": "read by make_accelerator; the test passes its own CPU accelerator",
+    # output switches read only when the logger backend is on
+    "log.project": "read when log.wandb is true (needs the wandb package and an account)",
+}
+# Settings that matter only under another setting: (prefix, applies(cfg), reason) — unread is fine where the
+# condition says the setting cannot matter.
+CONDITIONAL = [
+    ("sampler.window.", lambda c: _kernel(c).stochastic, "which steps are SDE: deterministic kernels have none"),
+    ("sampler.kernel.sigma_", lambda c: getattr(c.sampler.kernel.config, "variant", "") == "wan",
+     "flow_sde's σ range is read by its Wan variant only"),
+    ("objective.kl_form", lambda c: c.objective.config.beta_kl > 0, "the KL form matters only with β_KL > 0"),
+    ("objective.inner.kl_form", lambda c: getattr(c.objective.config.inner.config, "beta_kl", 0) > 0,
+     "a wrapped objective's KL form matters only with β_KL > 0"),
+    ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
+]
+FAMILY_OVERRIDES = {
+    "toy": [],
+    "sd3": ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"],
+    "flux": ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"],
+    "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
+}
+
+
+def _kernel(cfg):
+    from samplers import KERNELS
+
+    return KERNELS.get(cfg.sampler.kernel.kind)
+
+
+def excused(field: str, cfg) -> bool:
+    return field in ALLOWED or any(field.startswith(pre) and not applies(cfg) for pre, applies, _ in CONDITIONAL)
+
+
+def tiny_overrides(cfg, tmp_path) -> list[str]:
+    """Shrink a recipe to one CPU iteration; rewards that need downloads become an offline stand-in."""
+    group = ["train.prompts_per_iter=1"] if cfg.sampler.tree is not None else [   # a tree's leaves are its group
+        "train.prompts_per_iter=2", "train.group_size=2"]
+    ov = ["policy.tiny=true", "train.iterations=1", *group,
+          "train.micro_batch=2", "train.updates_per_epoch=1", "sampler.eval_steps=2",
+          "eval.num_prompts=2", "eval.seeds=[0]", "eval.batch=2", "eval.held_out=[]", "eval.every=1",
+          "checkpoint.every=1", f"run.output_dir={tmp_path}", "run.name=run", "log.progress=false"]
+    ov += FAMILY_OVERRIDES[cfg.policy.kind]
+    if cfg.sampler.pool is not None:
+        ov.append("sampler.pool.candidates=4")
+        if cfg.sampler.pool.scout.kind == "fp4":       # tiny layers are below the real-size eligibility floor
+            ov.append("sampler.pool.scout.min_dim=0")
+    if cfg.policy.kind != "toy":
+        ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}")
+    if cfg.policy.kind == "wan":                      # learned rewards need downloads: an offline stand-in
+        ov.append("rewards={video_jpeg: {reward: video_frame_mean, weight: 1.0, "
+                  "kwargs: {reward: jpeg_compressibility}}}")
+    elif cfg.policy.kind != "toy":
+        ov.append("rewards={jpeg_compressibility: {weight: 1.0}}")
+    return ov
+
+
+@pytest.mark.parametrize("recipe", RL_RECIPES, ids=lambda p: str(p.relative_to(REPO / "configs")))
+def test_every_field_of_the_recipe_is_read(recipe, tmp_path):
+    from flowrl.distributed.processes import make_accelerator
+
+    cfg = load_config(recipe)
+    cfg = load_config(recipe, tiny_overrides(cfg, tmp_path))
+    with tracking(cfg) as t:
+        Trainer(cfg, accelerator=make_accelerator("no", cpu=True)).run()
+    unread = {f for f in t.unread() if not excused(f, cfg)}
+    assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"
+
+
+# ---- the streaming-distillation recipes (their own schema, flowrl.distill.config) --------------------------------
+DISTILL_RECIPES = sorted((REPO / "configs" / "distill").glob("*.yaml"))
+DISTILL_ALLOWED = {
+    "model.student_init": "a checkpoint path: read when given (real runs); tiny and default runs init from the teacher",
+    "model.critic_init": "a checkpoint path: read when given (real runs)",
+    "model.student_original_key": "read with model.student_original (an original-format .pt)",
+    "model.dtype": "read by the real loaders; tiny models are built in float32",
+    "model.text_len": "read by the real UMT5 text encoder; the tiny recipes use the offline hash encoder",
+    "log_every": "read by scripts/distill.py's logging loop (the test calls fit without a logger)",
+    "rmd.video_lr_generator": "RMD's second stage, after rmd.chunk_stage_iterations",
+    "rmd.video_lr_critic": "RMD's second stage, after rmd.chunk_stage_iterations",
+    "rmd.video_critic_steps_per_generator": "RMD's second stage, after rmd.chunk_stage_iterations",
+}
+DISTILL_SECTIONS = ("rmd.", "stream_r1.", "ode_init.")   # each read only when it is the recipe's method
+
+
+def distill_excused(field: str, cfg) -> bool:
+    own = f"{cfg.method}."
+    return field in DISTILL_ALLOWED or any(field.startswith(s) and s != own for s in DISTILL_SECTIONS)
+
+
+@pytest.mark.parametrize("recipe", DISTILL_RECIPES, ids=lambda p: p.name)
+def test_every_field_of_the_distill_recipe_is_read(recipe, tmp_path):
+    from flowrl.distill.config import load_config as load_distill
+    from flowrl.distill.trainer import DistillTrainer
+    from flowrl.policies.tiny import save_preset
+
+    ov = [f"output_dir={tmp_path}", "save_every=1", "iterations=1"]
+    if not recipe.name.startswith("tiny"):       # the published recipes, on a tiny diffusers Wan checkpoint
+        save_preset("wan", tmp_path / "wan")
+        roles = ("teacher", "student_init", "critic_init", "text_encoder", "vae")
+        ov += [f"model.{k}={tmp_path / 'wan'}" for k in roles]
+        ov += ["rollout.num_frames=6", "rollout.height=4", "rollout.width=4", "model.text_len=16",
+               "model.dtype=float32", "mixed_precision=no", "prompts=[a fox]", "prompt_file=''",
+               "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0", "rmd.chunk_teacher=''",
+               "stream_r1.axes={visual: 'flowrl.distill.toy_rewards:colorfulness'}", "stream_r1.axis_kwargs={}"]
+    cfg = load_distill(str(recipe), ov)
+    with tracking(cfg) as t:
+        DistillTrainer(cfg).fit()
+    unread = {f for f in t.unread() if not distill_excused(f, cfg)}
+    assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"
