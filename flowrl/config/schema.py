@@ -93,6 +93,9 @@ class SamplerSection:
     pool: Any = field(default=None, metadata={"build": optional_section("flowrl.training.pool:PoolConfig")})
     # None: no pool; {candidates: N, scout: {kind: x0_exit}, ...}: scout N seeds per prompt, regenerate the
     # train.group_size kept ones (docs/training.md "Candidate pools")
+    restart: Any = field(default=None, metadata={"build": optional_section("samplers.restart:Config")})
+    # None: plain ODE; {intervals: [{t_min, t_max, n_steps, K}]}: Restart sampling for deterministic-kernel
+    # rollouts (forward-process objectives): forward noise jumps + ODE passes (samplers/restart.py)
 
 
 def build_rewards(data: Any, where: str, source: Source | None) -> dict:

@@ -93,6 +93,9 @@ class RolloutStage:
         tree, pool = getattr(sampler_cfg, "tree", None), getattr(sampler_cfg, "pool", None)
         if tree is not None and pool is not None:
             raise ValueError("sampler.pool and sampler.tree cannot be combined; set one of them to null")
+        if sampler_cfg.restart is not None and (kernel.stochastic or tree is not None or pool is not None):
+            raise ValueError("sampler.restart replaces a deterministic (ODE) rollout: it needs sampler.kernel.kind "
+                             "ode and no sampler.tree / sampler.pool (Restart's jumps have no policy log-prob)")
         self.trees = self.pool = None
         if tree is not None:
             from flowrl.training.trees import TreeStage
@@ -145,6 +148,7 @@ class RolloutStage:
     def sample(self, prompts: list[str], gens: list, iteration: int, wrap=None) -> tuple[Cond, RolloutResult]:
         """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch;
         ``wrap(chunk slice, velocity_fn) -> velocity_fn`` may intercept a chunk's model calls (pools)."""
+        from samplers.restart import restart_sample
         from samplers.rollout import rollout
 
         s, w, policy = self.s, self.guidance, self.policy
@@ -157,9 +161,12 @@ class RolloutStage:
             sigmas = policy.sigmas(s.steps, x1)
             vf = lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w)   # noqa: E731
             with policy.adapter("old"):
-                res = rollout(vf if wrap is None else wrap(sl, vf), x1, sigmas, plan, self.kernel,
-                              s.kernel.config, gens[sl], reduce=s.log_prob_reduce,
-                              store=self.store_trajectory)
+                if s.restart is not None:
+                    res = restart_sample(vf, x1, sigmas, s.restart, gens[sl])
+                else:
+                    res = rollout(vf if wrap is None else wrap(sl, vf), x1, sigmas, plan, self.kernel,
+                                  s.kernel.config, gens[sl], reduce=s.log_prob_reduce,
+                                  store=self.store_trajectory)
             conds.append(cond)
             results.append(res)
         return cat_conds(conds), concat_results(results)
