@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flowrl.errors import FlowRLError
+
 __all__ = [
     "CheckpointError",
     "capture_rng_state",
@@ -54,7 +56,7 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _SAFE_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FlowRLError, RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt, or state that cannot be saved safely."""
 
 

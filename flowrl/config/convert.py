@@ -13,8 +13,10 @@ import typing
 from dataclasses import is_dataclass
 from typing import Any, Literal, Union
 
+from flowrl.errors import FlowRLError
 
-class ConfigError(ValueError):
+
+class ConfigError(FlowRLError, ValueError):
     """A config that does not match its schema; the message names the key, its source and the fix."""
 
 
@@ -40,8 +42,11 @@ def config_error(msg: str, key: str, source: Source | None) -> ConfigError:
 
 def suggest_key(name: str, valid) -> str:
     """``"; did you mean 'x'?"`` for the nearest valid name, else the list of valid names."""
-    hit = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
-    return f"; did you mean {hit[0]!r}?" if hit else f"; valid keys: {', '.join(sorted(valid))}"
+    valid = list(valid)
+    hit = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    if hit:
+        return f"; did you mean {hit[0]!r}?"
+    return f"; valid keys: {', '.join(sorted(valid))}" if valid else "; this section takes no keys"
 
 
 def _type_name(tp: Any) -> str:

@@ -162,7 +162,26 @@ def from_dict(cls: type, data: Any, where: str = "", source: Source | None = Non
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:  # __post_init__ validation
-        raise config_error(str(e), where or "<root>", source) from None
+        key, msg = blamed_field(str(e), prefix, list(valid))
+        raise config_error(msg, key or where or "<root>", source) from None
+
+
+def blamed_field(message: str, prefix: str, names: list[str]) -> tuple[str | None, str]:
+    """(``prefix + name`` of the field a validation message is about, the message without that leading key):
+    the field named first in the message, so an error is blamed on the override that set that field, not on
+    the first override of the section. (None, message) when no field is named."""
+    hits = []
+    for name in names:
+        m = re.search(rf"(?<![\w]){re.escape(prefix)}{re.escape(name)}(?![\w])", message) or \
+            re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)
+        if m:
+            hits.append((m.start(), -len(m.group(0)), name, m))
+    if not hits:
+        return None, message
+    _, _, name, m = min(hits)
+    alone = m.start() == 0 and not message[m.end():].startswith("[")    # "train.betas[0] ..." stays whole
+    rest = message[m.end():].lstrip(" :") if alone else message
+    return prefix + name, rest or message
 
 
 def to_dict(obj: Any) -> Any:
