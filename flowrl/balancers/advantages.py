@@ -9,6 +9,9 @@ Conventions of the anchors (reference A §2.6, B §1.1, B §5):
   (``global_std=True``) or within the group, numpy ``np.std`` i.e. the population std (``unbiased=False``).
 - GDPO / LLM stacks use torch ``.std`` (unbiased).
 - MC-GRPO: median baseline over G+1 rollouts, MAD scale, the median rollout dropped (B §5.6).
+Finite float32 rewards of any size give finite advantages: the statistics and differences are taken in
+float64 (a float32 r − mean overflows near 3e38), and a scale of exactly 0 (a constant group with eps = 0)
+gives A = 0, the limit of a group without spread, instead of 0/0.
 Tree (BranchGRPO per-depth, TempFlow per-sibling) advantages live with the trees, ``samplers.tree_credit``.
 """
 from __future__ import annotations
@@ -61,11 +64,15 @@ def finite_std(x: Tensor, unbiased: bool = False) -> Tensor:
 
 
 def batch_normalize(x: Tensor, eps: float = 1e-4, unbiased: bool = True) -> Tensor:
-    """BN(x) = (x − mean_all x) / (std_all x + eps) over the finite entries (GDPO, reference B §5)."""
+    """BN(x) = (x − mean_all x) / (std_all x + eps) over the finite entries (GDPO, reference B §5); in float64,
+    returned in x's dtype; 0 where the scale is exactly 0 (no spread and eps = 0)."""
     v = x[torch.isfinite(x)]
     if v.numel() == 0:
         return x.clone()
-    return (x - v.double().mean().to(x.dtype)) / (finite_std(x, unbiased) + eps)
+    xd = x.double()
+    scale = finite_std(xd, unbiased) + eps
+    out = (xd - v.double().mean()) / scale if scale > 0 else torch.where(torch.isnan(xd), xd, torch.zeros_like(xd))
+    return saturate(out, x.dtype)
 
 
 def group_advantages(
@@ -82,18 +89,32 @@ def group_advantages(
     s = std of all finite rewards in the batch (``std="global"``, Flow-GRPO/NFT default), of the sample's
     group (``"group"``: Wan, flux_fast), or 1 with no eps (``"none"``: mean-centering only).
     NaN rewards are excluded from every statistic and give NaN advantages. ``clip`` clamps A to ±clip.
+    Computed in float64; returned in r's dtype, |A| saturating at its largest finite value (``std="none"``
+    on rewards near the float32 limit).
     """
-    mean, gstd, _ = group_stats(r, group_ids, unbiased)
+    if not eps >= 0:
+        raise ValueError(f"advantage eps must be ≥ 0 (it is added to the std), got {eps}")
+    x = r.double()
+    mean, gstd, _ = group_stats(x, group_ids, unbiased)
     if std == "global":
-        scale = finite_std(r, unbiased) + eps
+        scale = finite_std(x, unbiased) + eps
     elif std == "group":
         scale = gstd + eps
     elif std == "none":
-        scale = torch.ones((), dtype=r.dtype, device=r.device)
+        scale = torch.ones((), dtype=x.dtype, device=r.device)
     else:
         raise ValueError(f"std must be 'group', 'global' or 'none', got {std!r}")
-    adv = (r - mean) / scale
+    adv = torch.where(scale > 0, (x - mean) / scale.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+    adv = saturate(torch.where(torch.isnan(x), x, adv), r.dtype)
     return clip_advantages(adv, clip) if clip is not None else adv
+
+
+def saturate(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` cast to ``dtype`` with ±inf-producing values clamped to its largest finite magnitude (NaN kept)."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"saturate: expected a floating dtype, got {dtype}")
+    big = torch.finfo(dtype).max
+    return x.clamp(-big, big).to(dtype) if torch.finfo(x.dtype).max > big else x.to(dtype)
 
 
 def clip_advantages(adv: Tensor, max_abs: float) -> Tensor:
@@ -132,13 +153,13 @@ def median_advantages(
     rollouts backprop) and on NaN rewards. For even group sizes the lower median is used (torch.median).
     """
     inv = _check(r, group_ids)
-    adv = torch.full_like(r, float("nan"))
+    adv = torch.full_like(r, float("nan"), dtype=torch.float64)
     keep = torch.isfinite(r).clone()
     for g in inv.unique():
         idx = torch.nonzero((inv == g) & torch.isfinite(r)).flatten()
         if idx.numel() == 0:
             continue
-        vals = r[idx]
+        vals = r[idx].double()
         med, arg = vals.median(dim=0)
         mad = (vals - med).abs().median() + mad_eps
         a = (vals - med) / mad
@@ -147,4 +168,4 @@ def median_advantages(
             a = torch.where(nonzero, a * idx.numel() / nonzero.sum(), a)
         adv[idx] = a
         keep[idx[arg]] = False
-    return adv, keep
+    return saturate(adv, r.dtype), keep

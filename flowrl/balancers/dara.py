@@ -14,27 +14,42 @@ negative advantages differently (w_k vs 1), so no single per-reward weight exist
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import batch_normalize
-from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.advantages import batch_normalize, saturate
+from flowrl.balancers.common import (
+    alpha_diagnostics,
+    any_finite,
+    check_inputs,
+    group_index,
+    on_cpu,
+    per_reward_advantages,
+)
+from flowrl.config.validate import check_range
 
 
 @dataclass
 class Config:
-    variant: str = "asym"     # "asym" (main) | "sym"
+    variant: Literal["asym", "sym"] = "asym"     # "asym" (main) | "sym"
     w_max: float = 5.0
     tau: float = 1e-8
     eps: float = 1e-6
     unbiased: bool = True
 
+    def __post_init__(self):
+        if self.variant not in ("asym", "sym"):
+            raise ValueError(f"dara variant must be 'asym' or 'sym', got {self.variant!r}")
+        check_range("dara w_max", self.w_max, ge=1)
+        check_range("dara tau", self.tau, ge=0)
+        check_range("dara eps", self.eps, gt=0)
+
 
 def active_density(A_k: Tensor, group_ids: Tensor, tau: float) -> Tensor:
     """π_k (K,): the fraction of groups (where reward k applies) whose advantages are not all ~0."""
-    inv = torch.unique(group_ids, return_inverse=True)[1]
-    n = int(inv.max()) + 1
+    inv, n = group_index(group_ids)
     K = A_k.shape[1]
     pi = torch.zeros(K, dtype=torch.float64)
     for k in range(K):
@@ -65,9 +80,9 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     w = density_weights(pi, cfg.w_max)
     A0 = torch.nan_to_num(A_k, nan=0.0) * w_static
     S = (A0 * w).sum(1) if cfg.variant == "sym" else (A0 + (w - 1) * A0.clamp(min=0)).sum(1)
-    S = torch.where(any_finite(R), S.to(R.dtype), torch.full((R.shape[0],), float("nan"), dtype=R.dtype))
+    S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
     diag = {f"density_{k}": pi[k].float() for k in range(R.shape[1])}
     diag.update({f"weight_{k}": w[k].float() for k in range(R.shape[1])})
     if cfg.variant == "sym":
         diag.update(alpha_diagnostics(w * w_static))
-    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag
+    return saturate(batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), R.dtype), diag

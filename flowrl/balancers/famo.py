@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import finite_std
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.common import any_finite, check_inputs, check_mixing_weights, on_cpu, per_reward_advantages
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8      # torch.optim.Adam defaults, as FAMO's w optimiser uses them
 
@@ -105,6 +105,7 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     cfg = cfg or Config()
     state = {} if state is None else state
     w_static = check_inputs(R, group_ids, weights).double()
+    check_mixing_weights(w_static, "famo")
     K = R.shape[1]
     if "w" in state and state["w"].shape != (K,):
         raise ValueError(f"famo state has {state['w'].shape[0]} task logits for {K} rewards")

@@ -15,19 +15,35 @@ applicable reward is dropped. Diagnostic ``alpha_<k>`` = w_k / Σ_j w_j, the wei
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.advantages import saturate
+from flowrl.balancers.common import (
+    alpha_diagnostics,
+    any_finite,
+    check_inputs,
+    group_index,
+    on_cpu,
+    per_reward_advantages,
+)
+from flowrl.config.validate import check_range
 
 
 @dataclass
 class Config:
-    mode: str = "ratio"       # "hard" | "ratio"
+    mode: Literal["hard", "ratio"] = "ratio"       # "hard" | "ratio"
     tau: float = 0.2
     eps: float = 1e-4
     unbiased: bool = True
+
+    def __post_init__(self):
+        if self.mode not in ("hard", "ratio"):
+            raise ValueError(f"gd2po mode must be 'hard' or 'ratio', got {self.mode!r}")
+        check_range("gd2po tau", self.tau, ge=0, le=1)
+        check_range("gd2po eps", self.eps, gt=0)
 
 
 def keep_mask(a: Tensor, cfg: Config) -> Tensor:
@@ -60,11 +76,10 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     a = torch.nan_to_num(per_reward_advantages(R, group_ids, std="group", eps=cfg.eps,
                                                unbiased=cfg.unbiased).double(), nan=0.0)
     keep = keep_mask(a, cfg) & any_finite(R)
-    inv = torch.unique(group_ids, return_inverse=True)[1]
-    n = int(inv.max()) + 1
+    inv, n = group_index(group_ids)
     kept = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, keep.double())
     size = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, torch.ones_like(keep, dtype=torch.float64))
     q = (kept / size)[inv]
     S = q * (a * w).sum(1)
-    adv = masked_whiten(S, keep).to(R.dtype)
+    adv = saturate(masked_whiten(S, keep), R.dtype)
     return adv, {"drop_frac": 1 - keep.double().mean().float(), "keep": keep, **alpha_diagnostics(w)}

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import batch_normalize
+from flowrl.balancers.advantages import batch_normalize, saturate
 from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.config.validate import check_range
 
 
 @dataclass
@@ -23,11 +24,14 @@ class Config:
     eps: float = 1e-4
     unbiased: bool = True
 
+    def __post_init__(self):
+        check_range("gdpo eps", self.eps, gt=0)
+
 
 def decoupled_sum(R: Tensor, group_ids: Tensor, w: Tensor, cfg: Config) -> Tensor:
     """S = Σ_k w_k Â_k with NaN entries contributing 0; NaN rows where no reward applies."""
-    A_k = per_reward_advantages(R, group_ids, std="group", eps=cfg.eps, unbiased=cfg.unbiased)
-    S = (torch.nan_to_num(A_k, nan=0.0) * w).sum(dim=1)
+    A_k = per_reward_advantages(R, group_ids, std="group", eps=cfg.eps, unbiased=cfg.unbiased).double()
+    S = (torch.nan_to_num(A_k, nan=0.0) * w.double()).sum(dim=1)         # float64: any finite weights
     return torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
 
 
@@ -37,6 +41,6 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights)
     S = decoupled_sum(R, group_ids, w, cfg)
-    diag = {"sum_std": torch.nan_to_num(S).std().detach()}
+    diag = {"sum_std": torch.nan_to_num(S).std().detach() if S.numel() > 1 else torch.zeros((), dtype=S.dtype)}
     diag.update(alpha_diagnostics(w))
-    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag
+    return saturate(batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), R.dtype), diag

@@ -19,27 +19,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.balancers.advantages import StdMode
+from flowrl.balancers.common import any_finite, check_inputs, check_mixing_weights, on_cpu, per_reward_advantages
 from flowrl.balancers.min_norm import solve_min_norm
 from flowrl.balancers.services import NoServices
+from flowrl.config.validate import check_range
 
 
 @dataclass
 class Config:
-    std: str = "global"              # per reward: Flow-GRPO's group mean, std over the batch (global_std=True)
+    std: StdMode = "global"          # per reward: Flow-GRPO's group mean, std over the batch (global_std=True)
     eps: float = 1e-4
     unbiased: bool = False
     alpha_ema_decay: float = 0.7     # ρ; 0 = no smoothing
     alpha_floor: float = 0.0
-    solver: str = "exact"            # MARBLE uses SLSQP; "exact" solves the same QP exactly, "frank_wolfe" = MGDA
+    solver: Literal["exact", "frank_wolfe"] = "exact"   # MARBLE uses SLSQP; "exact" solves the same QP exactly
     normalize: bool = True           # solve on cosine Gram (normalised gradients), as MARBLE
-    apply: str = "raw"               # "raw" (MARBLE as released) | "rescaled" (consistent with normalize)
+    apply: Literal["raw", "rescaled"] = "raw"   # "raw" (MARBLE as released) | "rescaled" (consistent w/ normalize)
     solve_every: int = 10            # amortize_every_n: a fresh Gram every N calls
     warmup: int = 1                  # calls < warmup always solve
+
+    def __post_init__(self):
+        for name, allowed in (("std", get_args(StdMode)), ("solver", ("exact", "frank_wolfe")),
+                              ("apply", ("raw", "rescaled"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"marble {name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        check_range("marble eps", self.eps, gt=0)
+        check_range("marble alpha_ema_decay", self.alpha_ema_decay, ge=0, lt=1)
+        check_range("marble alpha_floor", self.alpha_floor, ge=0, le=1)
+        check_range("marble solve_every", self.solve_every, ge=1)
+        check_range("marble warmup", self.warmup, ge=0)
 
 
 def needs_gram(state: dict, cfg: Config | None = None) -> bool:
@@ -111,6 +125,7 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     cfg = cfg or Config()
     state = {} if state is None else state
     w = check_inputs(R, group_ids, weights).double()
+    check_mixing_weights(w, "marble")
     K = R.shape[1]
     A_k = per_reward_advantages(R, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
     gram = None
@@ -126,7 +141,7 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     state["calls"] = state.get("calls", 0) + 1
     alpha = state.get("alpha", torch.full((K,), 1.0 / K, dtype=torch.float64))
     mixed = alpha * w
-    mixed = mixed / mixed.sum()
+    mixed = mixed / mixed.sum() if mixed.sum() > 0 else w / w.sum()   # α zero on every weighted reward
     adv = (torch.nan_to_num(A_k.double(), nan=0.0) * mixed).sum(dim=1).to(R.dtype)
     adv = torch.where(any_finite(R), adv, torch.full_like(adv, float("nan")))
     diag = {f"alpha_{k}": mixed[k].float() for k in range(K)}

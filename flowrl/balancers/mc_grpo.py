@@ -5,7 +5,8 @@
 
 Sample G + 1 rollouts per prompt (train.group_size = G + 1): the median one carries no signal and is dropped
 from the loss (a NaN advantage is never trained on), so G rollouts backpropagate. Robust to a few outlying
-rewards, where the mean/std baseline is pulled by them.
+rewards, where the mean/std baseline is pulled by them. Computed in float64; |A| saturates at the float32
+maximum when an outlier near 3e38 meets a tiny MAD (the objective clips at adv_clip_max anyway).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import median_advantages
+from flowrl.balancers.advantages import median_advantages, saturate
 from flowrl.balancers.common import any_finite, check_inputs, on_cpu
 
 
@@ -32,9 +33,10 @@ class Config:
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
-    w = check_inputs(R, group_ids, weights)
-    S = torch.where(torch.isfinite(R), R * w, torch.zeros_like(R)).sum(dim=1)
+    w = check_inputs(R, group_ids, weights).double()
+    Rd = R.double()                                # float32 sums overflow near 3e38
+    S = torch.where(torch.isfinite(Rd), Rd * w, torch.zeros_like(Rd)).sum(dim=1)
     S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
     adv, keep = median_advantages(S, group_ids, mad_eps=cfg.mad_eps, compensate=cfg.compensate)
-    adv = torch.where(keep, adv, torch.full_like(adv, float("nan")))
+    adv = saturate(torch.where(keep, adv, torch.full_like(adv, float("nan"))), R.dtype)
     return adv, {"dropped_median": (~keep & torch.isfinite(S)).float().sum()}

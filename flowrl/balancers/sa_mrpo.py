@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import batch_normalize
+from flowrl.balancers.advantages import batch_normalize, saturate
 from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
+from flowrl.config.validate import check_range
 
 
 @dataclass
@@ -27,6 +28,15 @@ class Config:
     reward_max: tuple[float, ...] | None = None
     eps: float = 1e-4
     unbiased: bool = True
+
+    def __post_init__(self):
+        check_range("sa_mrpo gamma", self.gamma, ge=0)
+        check_range("sa_mrpo eps", self.eps, gt=0)
+        if self.reward_min is not None and self.reward_max is not None:
+            if len(self.reward_min) != len(self.reward_max) or any(
+                    not lo < hi for lo, hi in zip(self.reward_min, self.reward_max)):
+                raise ValueError(f"sa_mrpo reward_min must be below reward_max, one pair per reward, got "
+                                 f"{list(self.reward_min)} and {list(self.reward_max)}")
 
 
 def saturation(R: Tensor, cfg: Config) -> Tensor:
@@ -55,9 +65,9 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
     s = saturation(R, cfg)
     w_eff = w * (1 - s) ** cfg.gamma
     A_k = per_reward_advantages(R, group_ids, std="group", eps=cfg.eps, unbiased=cfg.unbiased)
-    S = (torch.nan_to_num(A_k.double(), nan=0.0) * w_eff).sum(dim=1).to(R.dtype)
+    S = (torch.nan_to_num(A_k.double(), nan=0.0) * w_eff).sum(dim=1)
     S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
     diag = {f"saturation_{k}": s[k].float() for k in range(R.shape[1])}
     diag.update({f"weight_{k}": w_eff[k].float() for k in range(R.shape[1])})
     diag.update(alpha_diagnostics(w_eff))
-    return batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), diag
+    return saturate(batch_normalize(S, eps=cfg.eps, unbiased=cfg.unbiased), R.dtype), diag

@@ -13,29 +13,37 @@ implicit reweighting by reward scale that per-reward normalisation (GDPO, MARBLE
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-from flowrl.balancers.advantages import finite_std, group_advantages
+from flowrl.balancers.advantages import StdMode, finite_std, group_advantages, saturate
 from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu
+from flowrl.config.validate import check_range
 
 
 @dataclass
 class Config:
-    std: str = "global"      # NFT / Flow-GRPO default (sample.global_std=True); "group" for Wan-style configs
-    eps: float = 1e-4
+    std: StdMode = "global"  # NFT / Flow-GRPO default (sample.global_std=True); "group" for Wan-style configs
+    eps: float = 1e-4        # > 0: with 0 a group without spread would divide 0 by 0
     unbiased: bool = False   # numpy population std, as the anchors' stat tracker
+
+    def __post_init__(self):
+        if self.std not in get_args(StdMode):
+            raise ValueError(f"weighted_sum std must be one of {list(get_args(StdMode))}, got {self.std!r}")
+        check_range("weighted_sum eps", self.eps, gt=0)
 
 
 @on_cpu
 def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = None,
             cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
-    w = check_inputs(R, group_ids, weights)
-    S = torch.where(torch.isfinite(R), R * w, torch.zeros_like(R)).sum(dim=1)
+    w = check_inputs(R, group_ids, weights).double()
+    Rd = R.double()                                # float32 sums overflow near 3e38
+    S = torch.where(torch.isfinite(Rd), Rd * w, torch.zeros_like(Rd)).sum(dim=1)
     S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
-    adv = group_advantages(S, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
+    adv = saturate(group_advantages(S, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased), R.dtype)
     return adv, {"combined_reward_mean": torch.nanmean(S).detach(), **effective_weights(R, w, cfg.unbiased)}
 
 
