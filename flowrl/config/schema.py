@@ -134,9 +134,16 @@ def build_rewards(data: Any, where: str, source: Source | None) -> dict:
 class AdvantageSection:
     """Rewards R (N, K) → advantages (N,) by the tagged ``balancer`` (its Config holds the std mode: Flow-GRPO's
     A = (r − mean_group r) / (std + 1e-4), std over the batch or the group, ref A §2.6). The clip |A| ≤ C is the
-    objective's (``objective.adv_clip_max``), as in every anchor."""
+    objective's (``objective.adv_clip_max``), as in every anchor. ``diagnose_every`` N > 0 logs, every N
+    iterations, the cosine of each reward's gradient with the applied update (``balance/cos_<reward>``,
+    ``balance/neg_cos_any``; K + 1 extra backward passes on one micro-batch; flowrl/training/advantage.py)."""
 
     balancer: Any = plugin_field(BALANCERS, "weighted_sum")
+    diagnose_every: int = 0           # iterations between conflict diagnostics (0: off)
+
+    def __post_init__(self):
+        if self.diagnose_every < 0:
+            raise ValueError(f"advantage.diagnose_every must be ≥ 0 (0: off), got {self.diagnose_every}")
 
 
 @dataclass

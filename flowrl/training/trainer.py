@@ -56,7 +56,8 @@ class Trainer:
         weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
         self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,
                                          p.objective_cfg, p.balancer_state, prompts_per_iter=t.prompts_per_iter,
-                                         group_size=t.group_size)
+                                         group_size=t.group_size, diagnose_every=cfg.advantage.diagnose_every,
+                                         reward_names=list(cfg.rewards))
         self.updater = Updater(p.policy, p.objective, p.objective_cfg, p.optimizer, p.params, p.ema, self.dist, t,
                                seed)
         self.evaluator = Evaluator(p.policy, p.ema, cfg.eval, cfg.sampler, p.eval_prompts, p.rewards, self.dist,
@@ -105,7 +106,7 @@ class Trainer:
         samples = self.rollout.run(it)
         self.state.rollout_nfe += samples.rollout_nfe
         scores = score_samples(p.rewards, self.dist, samples)
-        adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it))
+        adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it)
         rows, row_adv = samples.training_rows(adv[self.dist.local_slice(adv.shape[0])])
         metrics = {**scores.metrics, **adv_metrics, **samples.metrics}
         stats = UpdateStats()
