@@ -119,9 +119,24 @@ class Updater:
         stats.steps += 1
 
 
+def gram_rows(A: Tensor, size: int) -> Tensor:
+    """Rows of one micro-batch for the reward Gram: for each reward in turn, its first row with a finite advantage
+    not yet taken (so a reward that applies to few samples — MARBLE's specialists — still has a gradient), then
+    the remaining rows in order, ``max(size, K)`` rows at most; returned sorted."""
+    n, k = A.shape
+    picked: list[int] = []
+    for j in range(k):
+        rows = [int(i) for i in torch.nonzero(torch.isfinite(A[:, j])).flatten() if int(i) not in picked]
+        if rows:
+            picked.append(rows[0])
+    rest = [i for i in range(n) if i not in picked]
+    return torch.tensor(sorted((picked + rest)[:max(size, len(picked))]), dtype=torch.long)
+
+
 class RewardGradients:
-    """The ``reward_gram`` service of one iteration: K backward passes of the objective on this process's first
-    micro-batch (at its first stored step / training σ), one per reward's advantages, averaged over processes."""
+    """The ``reward_gram`` service of one iteration: K backward passes of the objective on one micro-batch of this
+    process (``gram_rows``: every applicable reward represented; its first stored step / training σ), one per
+    reward's advantages, averaged over processes."""
 
     def __init__(self, updater: Updater, samples, iteration: int):
         self.updater, self.samples, self.iteration = updater, samples, iteration
@@ -131,7 +146,7 @@ class RewardGradients:
 
         up = self.updater
         A_local = A_k[up.dist.local_slice(A_k.shape[0])].to(torch.float32)
-        idx = torch.arange(min(up.t.micro_batch, A_local.shape[0]))
+        idx = gram_rows(A_local, up.t.micro_batch)
         gen = derived_generator(up.seed, self.iteration, "gram")
         batch = up.train_batches(self.samples, A_local[:, 0], idx, gen)[0]
 

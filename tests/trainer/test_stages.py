@@ -75,3 +75,14 @@ def test_update_steps_then_old_adapter_follows(trainer):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     eta = trainer.parts.objective.old_decay(trainer.parts.objective_cfg, stats.steps)
     assert eta == (0.0 if trainer.cfg.objective.kind == "grpo" else pytest.approx(0.001 * stats.steps))
+
+
+def test_gram_rows_give_every_applicable_reward_a_sample():
+    from flowrl.training.update import gram_rows
+
+    nan = float("nan")
+    A = torch.tensor([[1.0, nan, nan], [2.0, nan, nan], [3.0, nan, nan], [nan, 1.0, nan], [nan, nan, nan],
+                      [nan, nan, 4.0]])
+    assert gram_rows(A, 2).tolist() == [0, 3, 5]          # one row per reward even beyond the micro-batch
+    assert gram_rows(A, 4).tolist() == [0, 1, 3, 5]
+    assert gram_rows(A[:, :1], 2).tolist() == [0, 1]      # one reward: the first rows, as before
