@@ -19,12 +19,15 @@ from typing import Any, Literal
 from flowrl.config.loader import (
     ConfigError,
     Source,
+    apply_overrides,
     dump_yaml,
     from_dict,
-    load_yaml,
     plugin_config_class,
     plugin_field,
+    read_yaml_file,
+    replace_nested,
 )
+from flowrl.config.validate import SEED_MAX, check_range, validate_run
 
 POLICIES = "flowrl.policies:POLICIES"
 KERNELS = "samplers:KERNELS"
@@ -43,6 +46,17 @@ class RunSection:
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (ref A §2.4)
     cpu: bool = False                 # force CPU even when an accelerator is present
     threads: int | None = None        # torch CPU threads (None: torch's default); 1 is fastest for tiny models
+    restart: bool = False             # start over in a run dir that holds checkpoints (they are deleted first)
+
+    def __post_init__(self):
+        check_range("run.seed", self.seed, ge=0, le=SEED_MAX)
+        check_range("run.threads", self.threads, ge=1, optional="torch's default")
+        if not self.name or self.name in (".", "..") or "/" in self.name:
+            raise ValueError(f"run.name must be a plain directory name (the run lives in "
+                             f"<run.output_dir>/<run.name>), got {self.name!r}")
+        if self.resume and self.restart:
+            raise ValueError("run.restart and run.resume are exclusive: resume continues the run in its "
+                             "directory, restart deletes its checkpoints and starts over")
 
 
 @dataclass
@@ -96,6 +110,13 @@ class SamplerSection:
     restart: Any = field(default=None, metadata={"build": optional_section("samplers.restart:Config")})
     # None: plain ODE; {intervals: [{t_min, t_max, n_steps, K}]}: Restart sampling for deterministic-kernel
     # rollouts (forward-process objectives): forward noise jumps + ODE passes (samplers/restart.py)
+
+    def __post_init__(self):   # the resolution's multiples are the policy family's (config.validate)
+        for name in ("steps", "eval_steps", "height", "width"):
+            check_range(f"sampler.{name}", getattr(self, name), ge=1)
+        check_range("sampler.num_frames", self.num_frames, ge=1, optional="images")
+        for name in ("guidance", "eval_guidance"):
+            check_range(f"sampler.{name}", getattr(self, name), ge=0, optional="the family's default")
 
 
 def build_rewards(data: Any, where: str, source: Source | None) -> dict:
@@ -161,13 +182,22 @@ class TrainSection:
     max_grad_norm: float = 1.0
     ema_decay: float | None = 0.9     # eval EMA of the trainable weights (None: off); warm-up min((1+s)/(10+s), d)
     ema_every: int = 8                # optimizer steps between EMA updates (Flow-GRPO 8; NFT 1)
-    max_skipped: int = 10             # stop after this many consecutive non-finite updates
+    max_skipped: int = 10             # stop after this many consecutive skipped updates (non-finite values)
 
     def __post_init__(self):
-        for name in ("iterations", "prompts_per_iter", "group_size", "micro_batch", "inner_epochs",
-                     "updates_per_epoch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("iterations", "prompts_per_iter", "micro_batch", "inner_epochs", "updates_per_epoch",
+                     "ema_every", "max_skipped"):
+            check_range(f"train.{name}", getattr(self, name), ge=1)
+        if self.group_size < 2:
+            raise ValueError(f"train.group_size must be ≥ 2, got {self.group_size}: advantages are relative to "
+                             "each prompt's group (every balancer subtracts the group's mean or median), so a "
+                             "group of one sample has zero advantage")
+        for name in ("lr", "eps", "max_grad_norm"):
+            check_range(f"train.{name}", getattr(self, name), gt=0)
+        check_range("train.weight_decay", self.weight_decay, ge=0)
+        for i, beta in enumerate(self.betas):
+            check_range(f"train.betas[{i}]", beta, ge=0, lt=1)
+        check_range("train.ema_decay", self.ema_decay, ge=0, lt=1, optional="no eval EMA")
 
 
 @dataclass
@@ -181,11 +211,25 @@ class EvalSection:
     before: bool = True
     after: bool = True
 
+    def __post_init__(self):
+        check_range("eval.every", self.every, ge=0)
+        check_range("eval.num_prompts", self.num_prompts, ge=1, optional="all held-out prompts")
+        check_range("eval.grid_prompts", self.grid_prompts, ge=0)
+        check_range("eval.batch", self.batch, ge=1)
+        if not self.seeds:
+            raise ValueError("eval.seeds must hold at least one seed, got []")
+        for i, seed in enumerate(self.seeds):
+            check_range(f"eval.seeds[{i}]", seed, ge=0, le=2**63 - 1)
+
 
 @dataclass
 class CheckpointSection:
     every: int = 50                   # iterations between checkpoints (0: only at the end)
-    keep: int = 2
+    keep: int = 2                     # newest checkpoints kept (older ones are deleted after each save)
+
+    def __post_init__(self):
+        check_range("checkpoint.every", self.every, ge=0)
+        check_range("checkpoint.keep", self.keep, ge=1)
 
 
 @dataclass
@@ -195,6 +239,9 @@ class LogSection:
     wandb: bool = False
     project: str = "flowrl"
     progress: bool = True             # tqdm bars with ETA
+
+    def __post_init__(self):
+        check_range("log.every", self.every, ge=1)
 
 
 @dataclass
@@ -221,8 +268,14 @@ class RunConfig:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a recipe, apply ``key=value`` overrides and build the ``RunConfig`` strictly."""
-    return load_yaml(RunConfig, path, overrides)
+    """Load a recipe, apply ``key=value`` overrides, build the ``RunConfig`` strictly and check the settings
+    that depend on each other (``flowrl.config.validate.validate_run``); nothing is built or loaded."""
+    data = read_yaml_file(path) if path is not None else {}
+    source = Source(str(path) if path is not None else None)
+    apply_overrides(data, list(overrides or []), source)
+    cfg = from_dict(RunConfig, data, "", source)
+    validate_run(cfg, source)
+    return cfg
 
 
 def check_geometry(cfg: RunConfig, num_processes: int = 1) -> None:
@@ -253,8 +306,18 @@ def save_resolved(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
 
 
 def load_resolved(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """The config a run was started with (``<run dir>/config.yaml``), plus overrides (e.g. more iterations)."""
+    """The config a run was started with (``<run dir>/config.yaml``), plus overrides (e.g. more iterations).
+    The run lives where it is now: ``run.output_dir`` / ``run.name`` are set to ``run_dir``'s parent and name
+    whatever the file says (a run directory can be moved), and overriding them is refused."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"cannot resume: {path} not found (was the run started with this output_dir/name?)")
-    return load_config(path, overrides)
+    moved = [o for o in overrides or [] if o.lstrip("~").split("=", 1)[0].strip() in ("run.name", "run.output_dir")]
+    if moved:
+        raise ConfigError(f"{moved[0].lstrip('~').split('=', 1)[0]}: cannot be overridden when resuming "
+                          f"{run_dir} (in command-line override {moved[0]!r}); the run continues in its own "
+                          "directory: move the directory instead")
+    d = Path(run_dir)
+    d = d.resolve() if d.name in ("", ".", "..") else d
+    cfg = load_config(path, overrides)
+    return replace_nested(cfg, **{"run.output_dir": str(d.parent), "run.name": d.name})

@@ -3,11 +3,12 @@
 - ``check_range``: one value against its allowed range, one line naming the key (the sections'
   ``__post_init__``; the loader blames the override that set the key);
 - ``validate_run(cfg, source)``: settings that depend on each other through the registries (the objective's
-  sample source against the rollout kernel, the resolution against the policy family, held-out monitor names),
-  called by ``load_config``;
-- ``check_startable(cfg)``: what must exist to start a run (at least one reward, the prompt files, a local
-  policy path), called by the trainer before it builds anything, so a resolved config can still be loaded and
-  printed where those files are absent.
+  sample source against the rollout kernel, held-out monitor names, the balancer's statistics), called by
+  ``load_config``;
+- ``check_startable(cfg)``: what a run needs to start (at least one reward, a resolution the policy family can
+  generate, the prompt files, a local policy path), called by the trainer before it builds anything — the
+  bare defaults (``load_config(None)``, a toy policy at 512²) stay loadable, and a resolved config can be
+  printed where its files are absent.
 """
 from __future__ import annotations
 
@@ -55,7 +56,6 @@ def check_range(key: str, value: Any, *, gt: float | None = None, ge: float | No
 def validate_run(cfg, source: Source | None = None) -> None:
     """Cross-section checks through the registries (module docstring); raises ConfigError naming the key."""
     objective_fits_kernel(cfg, source)
-    resolution_fits_policy(cfg, source)
     held_out_rewards_exist(cfg, source)
     balancer_statistics_valid(cfg, source)
 
@@ -75,7 +75,7 @@ def objective_fits_kernel(cfg, source: Source | None) -> None:
         raise config_error(str(e), "sampler.kernel.kind", source) from None
 
 
-def resolution_fits_policy(cfg, source: Source | None) -> None:
+def resolution_fits_policy(cfg, source: Source | None = None) -> None:
     """The policy family's ``check_resolution`` classmethod (no weights loaded), when the family has one."""
     from flowrl.config.loader import resolve_registry
 
@@ -126,10 +126,11 @@ def held_out_rewards_exist(cfg, source: Source | None) -> None:
 # ---------------------------------------------------------------------------------------- startable
 
 def check_startable(cfg) -> None:
-    """At least one reward, the prompt sources, and a local ``policy.path`` that exists (hub ids pass)."""
+    """At least one reward, the resolution, the prompt sources, a local ``policy.path`` that exists."""
     if not cfg.rewards:
         raise ConfigError("rewards: no reward is configured; give at least one, e.g. rewards={shapes: 1.0} "
                           "or rewards.pickscore.weight=1.0")
+    resolution_fits_policy(cfg)
     for key in ("train", "eval"):
         check_prompt_source(f"data.{key}", getattr(cfg.data, key))
     load = cfg.policy.common

@@ -291,3 +291,45 @@ class PolicyBase:
             file = comp.adapter_path(path, name)
             if file.is_file():
                 self.weights.load(file, name)
+
+    # ---- resolution, checked from the config before any weights load ------------------------------------
+    spatial_multiple: int = 16         # H, W multiples of the default checkpoint: VAE factor × patch size
+    tiny_spatial_multiple: int = 1     # the same for the ``tiny`` preset
+
+    @classmethod
+    def check_resolution(cls, height: int, width: int, num_frames: int | None = None, *, tiny: bool = False,
+                         path=None) -> None:
+        """One-line ValueError naming ``height`` / ``width`` / ``num_frames`` unless this family can generate
+        that size: H and W multiples of VAE factor × patch size (of the tiny preset, of a local checkpoint's
+        config files at ``path``, else of the family's default checkpoint). No weights are loaded."""
+        mult = cls.tiny_spatial_multiple if tiny else cls._local_spatial_multiple(path) or cls.spatial_multiple
+        for key, value in (("height", height), ("width", width)):
+            if value < 1 or value % mult:
+                raise ValueError(f"{key} must be a positive multiple of {mult} for {cls.family} (VAE factor × "
+                                 f"patch size), got {value}")
+        cls.check_frames(num_frames)
+
+    @classmethod
+    def check_frames(cls, num_frames: int | None) -> None:
+        """Image families: no frame count (or 1)."""
+        if num_frames not in (None, 1):
+            raise ValueError(f"num_frames: {cls.family} makes images, got num_frames={num_frames} (use null)")
+
+    @classmethod
+    def _local_spatial_multiple(cls, path) -> int | None:
+        """VAE factor × patch size read from a local diffusers checkpoint's ``vae`` and ``transformer``
+        config.json files; None when ``path`` is not such a directory."""
+        import json
+
+        if path is None or not Path(path).expanduser().is_dir():
+            return None
+        parts = [Path(path).expanduser() / sub / "config.json" for sub in ("vae", "transformer")]
+        if not all(p.is_file() for p in parts):
+            return None
+        vae, transformer = (json.loads(p.read_text()) for p in parts)
+        return cls._spatial_multiple_from(vae, transformer)
+
+    @classmethod
+    def _spatial_multiple_from(cls, vae: dict, transformer: dict) -> int:
+        """SD3-style: 2^(len(block_out_channels) − 1) · patch_size (diffusers' ``vae_scale_factor``)."""
+        return 2 ** (len(vae["block_out_channels"]) - 1) * int(transformer.get("patch_size", 1))

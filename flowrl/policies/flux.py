@@ -105,6 +105,13 @@ class FluxPolicy(PolicyBase):
 
         return cls(flux_components(seed), config or Config(), device, torch.float32)
 
+    tiny_spatial_multiple = 2          # the tiny preset's VAE has factor 1; packing needs 2×2 latents
+
+    @classmethod
+    def _spatial_multiple_from(cls, vae: dict, transformer: dict) -> int:
+        """2f: the VAE factor f = 2^(len(block_out_channels) − 1), times FLUX's 2×2 latent packing."""
+        return 2 ** (len(vae["block_out_channels"]) - 1) * 2
+
     # ---- the Policy contract ------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         """(C, H/f, W/f), C = in_channels/4; H and W must be multiples of 2f (packing needs even latents)."""

@@ -89,6 +89,15 @@ class ToyPolicy(PolicyBase):
             self.weights.save(comp.adapter_path(out, name), name)
         return Path(out)
 
+    @classmethod
+    def check_resolution(cls, height: int, width: int, num_frames: int | None = None, *, tiny: bool = False,
+                         path=None) -> None:
+        """The shapes world is 32×32 images only (the checkpoint is not read)."""
+        for key, value in (("height", height), ("width", width)):
+            if value != IMAGE_SIZE:
+                raise ValueError(f"{key} must be {IMAGE_SIZE} for the toy shapes world (32×32 images), got {value}")
+        cls.check_frames(num_frames)
+
     # ---- the Policy contract ------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         """(3, 32, 32): pixel space; the shapes world is 32×32 only."""

@@ -94,6 +94,21 @@ class WanPolicy(PolicyBase):
 
         return cls(wan_components(seed), config or Config(), device, torch.float32)
 
+    tiny_spatial_multiple = 16         # the tiny preset keeps Wan's VAE factor 8 and patch 2
+    temporal_factor = 4                # num_frames − 1 must be a multiple of the VAE's temporal factor
+
+    @classmethod
+    def _spatial_multiple_from(cls, vae: dict, transformer: dict) -> int:
+        """2^len(temperal_downsample) (Wan's spatial VAE factor) · the transformer's spatial patch."""
+        return 2 ** len(vae.get("temperal_downsample", [False, True, True])) * int(transformer["patch_size"][1])
+
+    @classmethod
+    def check_frames(cls, num_frames: int | None) -> None:
+        """Videos: a frame count F with F − 1 divisible by the temporal factor (e.g. 33, 81)."""
+        if num_frames is None or num_frames < 1 or (num_frames - 1) % cls.temporal_factor:
+            raise ValueError(f"num_frames: Wan makes videos of F frames with F − 1 divisible by "
+                             f"{cls.temporal_factor} (e.g. 33 or 81), got {num_frames}")
+
     # ---- the Policy contract ------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         """(16, (F−1)/4 + 1, H/8, W/8); F − 1 multiple of the temporal factor, H, W multiples of 8·patch."""
