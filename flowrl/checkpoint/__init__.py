@@ -10,6 +10,7 @@ from flowrl.checkpoint.store import (
     STATE_FILE,
     CheckpointError,
     capture_rng_state,
+    incomplete_checkpoints,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -17,11 +18,12 @@ from flowrl.checkpoint.store import (
     resolve_checkpoint,
     restore_rng_state,
     save_checkpoint,
+    seed_global_rngs,
     step_dir_name,
 )
 
 __all__ = [
-    "CHECKPOINTS_DIR", "MANIFEST_FILE", "STATE_FILE", "CheckpointError", "capture_rng_state", "latest_checkpoint",
-    "list_checkpoints", "load_checkpoint", "read_manifest", "resolve_checkpoint", "restore_rng_state",
-    "save_checkpoint", "step_dir_name",
+    "CHECKPOINTS_DIR", "MANIFEST_FILE", "STATE_FILE", "CheckpointError", "capture_rng_state",
+    "incomplete_checkpoints", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_manifest",
+    "resolve_checkpoint", "restore_rng_state", "save_checkpoint", "seed_global_rngs", "step_dir_name",
 ]

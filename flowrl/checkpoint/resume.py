@@ -6,20 +6,33 @@ counters (iteration = data position, optimizer steps, rollout NFEs, skip counts)
 α-EMA), the objective's state (its ``end_iteration`` hook), the window position (MixGRPO) and every RNG.
 Every rollout's noise and every training draw come from generators derived from (seed, iteration, ...), so
 after ``load_run`` the run continues bitwise identically on CPU (``tests/trainer/test_resume.py``).
+
+Faults (docs/training.md "Faults"): ``load_run`` resumes from the newest checkpoint that loads and fits the
+run, naming any newer one it had to pass over; with checkpoint directories present but none loadable it
+refuses (``CheckpointError`` naming each and why) instead of silently starting over; with no checkpoint at
+all (killed before the first save) it starts from iteration 0. ``prepare_fresh_run`` refuses to start a new
+run over a directory that holds checkpoints, unless asked to restart (it then deletes them).
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowrl.checkpoint.store import (
+    CHECKPOINTS_DIR,
+    CheckpointError,
     capture_rng_state,
-    latest_checkpoint,
+    incomplete_checkpoints,
+    list_checkpoints,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
+
+STATE_KEYS = ("optimizer", "loop", "balancer", "window", "rng")
+RUN_FILES = (CHECKPOINTS_DIR, "metrics.jsonl", "tb")      # what a restart deletes: the old run's record
 
 
 @dataclass
@@ -35,8 +48,9 @@ class RunState:
     loop: Any                          # flowrl.training.state.LoopState
 
 
-def save_run(run_dir: Path, s: RunState, keep: int, dist) -> None:
+def save_run(run_dir: Path, s: RunState, keep: int, dist) -> Path | None:
     """Write a checkpoint of the current iteration (main process), then wait for every process."""
+    path = None
     if dist.is_main:
         tensors = {"train": s.policy.adapter_state_dict("train"), "old": s.policy.adapter_state_dict("old")}
         extra = {"optimizer": s.optimizer.state_dict(), "loop": s.loop.as_dict(),
@@ -46,17 +60,63 @@ def save_run(run_dir: Path, s: RunState, keep: int, dist) -> None:
             ema = s.ema.state_dict()
             tensors["ema"] = {f"{i:05d}": t for i, t in enumerate(ema.pop("shadow"))}
             extra["ema"] = ema
-        save_checkpoint(run_dir, s.loop.iteration, tensors, extra, keep_last=keep)
+        path = save_checkpoint(run_dir, s.loop.iteration, tensors, extra, keep_last=keep)
     dist.barrier()
+    return path
 
 
 def load_run(run_dir: Path, s: RunState, dist) -> bool:
-    """Restore the latest checkpoint of ``run_dir`` into ``s``; False (fresh start) when there is none."""
-    path = latest_checkpoint(run_dir)
-    if path is None:
-        dist.print(f"[flowrl] run.resume: no checkpoint in {run_dir}; starting from scratch")
+    """Restore the newest loadable checkpoint of ``run_dir`` into ``s`` (True), or start from scratch when the
+    run has no checkpoint directory at all (False). CheckpointError when there are checkpoint directories but
+    none can be restored, naming each and why."""
+    complete, incomplete = list_checkpoints(run_dir), incomplete_checkpoints(run_dir)
+    if not complete and not incomplete:
+        dist.print(f"[flowrl] run.resume: no checkpoint in {run_dir}; starting from iteration 0")
         return False
+    failures = [f"{p.name}: no manifest.json" for p in incomplete]
+    for step, path in reversed(complete):
+        try:
+            restore(path, s)
+        except CheckpointError as e:
+            failures.append(f"{path.name}: {e}")
+            continue
+        passed = [f for f in failures if _step_of(f) > step]
+        if passed:
+            dist.print(f"[flowrl] run.resume: passed over damaged checkpoints ({'; '.join(passed)})")
+        dist.print(f"[flowrl] resumed from {path} at iteration {s.loop.iteration}")
+        return True
+    raise CheckpointError(f"cannot resume {run_dir}: no checkpoint can be restored ({'; '.join(failures)}); "
+                          "restore the files, or start the run over with --restart (run.restart=true, deletes "
+                          "its checkpoints)")
+
+
+def _step_of(failure: str) -> int:
+    return int(failure.split(":", 1)[0].removeprefix("step_"))
+
+
+def restore(path: Path, s: RunState) -> None:
+    """Load checkpoint ``path`` into ``s``; CheckpointError naming the file when it is damaged, lacks a part
+    the run needs, or does not fit the run's model / optimizer (e.g. a changed LoRA rank)."""
     tensors, extra = load_checkpoint(path, map_location="cpu")
+    needed = ["train", "old"] + (["ema"] if s.ema is not None else [])
+    missing = [g for g in needed if g not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no tensor group {missing[0]!r} (groups: "
+                              f"{sorted(tensors)}); it was not written by the trainer or is damaged")
+    keys = [k for k in (*STATE_KEYS, *(["ema"] if s.ema is not None else [])) if k not in extra]
+    if keys:
+        raise CheckpointError(f"checkpoint {str(path)!r}: state.pt has no {keys[0]!r} entry (has: "
+                              f"{sorted(extra)}); it was not written by the trainer or is damaged")
+    try:
+        apply(tensors, extra, s)
+    except (KeyError, ValueError, RuntimeError, TypeError, IndexError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not fit this run ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:300]}); was the model, LoRA or optimizer config "
+                              "changed since it was written?") from e
+
+
+def apply(tensors: dict, extra: dict, s: RunState) -> None:
+    """Put a checkpoint's tensors and state into the run's objects."""
     s.policy.load_adapter_state_dict(tensors["train"], "train")
     s.policy.load_adapter_state_dict(tensors["old"], "old")
     s.optimizer.load_state_dict(extra["optimizer"])
@@ -71,5 +131,26 @@ def load_run(run_dir: Path, s: RunState, dist) -> bool:
     for key, value in extra["loop"].items():
         setattr(s.loop, key, value)
     restore_rng_state(extra["rng"])
-    dist.print(f"[flowrl] resumed from {path} at iteration {s.loop.iteration}")
-    return True
+
+
+def prepare_fresh_run(run_dir: Path, restart: bool, dist) -> None:
+    """Before a new (not resumed) run: refuse a run directory that holds checkpoints — a later resume would
+    mix the two runs — unless ``restart``, which deletes the old checkpoints, metrics.jsonl and TensorBoard
+    logs first (main process; the others wait)."""
+    run_dir = Path(run_dir)
+    found = sorted(p.name for p in (run_dir / CHECKPOINTS_DIR).glob("step_*")) if run_dir.is_dir() else []
+    if found and not restart:
+        shown = ", ".join(found[-3:]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise CheckpointError(f"{run_dir} already holds checkpoints ({shown}): continue that run with --resume "
+                              f"{run_dir}, start it over with --restart (deletes them), or choose another "
+                              "run.name")
+    if restart and dist.is_main:
+        for name in RUN_FILES:
+            p = run_dir / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        if found:
+            dist.print(f"[flowrl] run.restart: deleted {len(found)} checkpoint(s) of the previous run in {run_dir}")
+    dist.barrier()

@@ -38,6 +38,7 @@ from flowrl.errors import FlowRLError
 __all__ = [
     "CheckpointError",
     "capture_rng_state",
+    "incomplete_checkpoints",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
@@ -45,6 +46,7 @@ __all__ = [
     "resolve_checkpoint",
     "restore_rng_state",
     "save_checkpoint",
+    "seed_global_rngs",
 ]
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -88,6 +90,18 @@ def capture_rng_state(include_cuda: bool = True) -> dict:
     if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed python's ``random``, numpy's global RNG and torch's (CPU and CUDA) from one seed, so two runs with
+    the same ``run.seed`` hold the same global RNG states (and the same checkpointed ``rng``)."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def restore_rng_state(state: dict) -> None:
@@ -266,6 +280,18 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def incomplete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """``step_*`` directories of a run without a manifest, oldest first. ``save_checkpoint`` renames a directory
+    into place only after its manifest is written, so these are damaged (files deleted or lost), never a save
+    that was interrupted (that leaves a ``.tmp-step_*`` directory, ignored and cleaned up)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    bad = [(int(m.group(1)), p) for p in root.iterdir()
+           if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not (p / MANIFEST_FILE).is_file()]
+    return [p for _, p in sorted(bad)]
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint directory of a run, or None when it has none."""
     ckpts = list_checkpoints(run_dir)
@@ -299,10 +325,32 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {str(p)!r}: {MANIFEST_FILE} is corrupt ({e})") from e
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {str(p)!r}: format_version {manifest.get('format_version')!r}, "
-                              f"this flowrl reads {FORMAT_VERSION}")
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+        raise CheckpointError(f"checkpoint {str(p)!r}: format_version {version!r}, this flowrl reads "
+                              f"{FORMAT_VERSION}")
+    _check_manifest(mf, manifest)
     return manifest
+
+
+def _check_manifest(path: Path, manifest: dict) -> None:
+    """CheckpointError naming ``path`` unless the manifest has ``step``, ``groups`` and ``files`` of the shapes
+    ``_write_contents`` writes (a hand-edited or truncated manifest would otherwise fail with a KeyError)."""
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint manifest {str(path)!r}: {what}; the checkpoint is damaged, use an "
+                               "earlier one")
+
+    for key, kind in (("step", int), ("groups", list), ("files", dict)):
+        if key not in manifest:
+            raise fail(f"no '{key}' entry")
+        if not isinstance(manifest[key], kind):
+            raise fail(f"'{key}' is a {type(manifest[key]).__name__}, expected a {kind.__name__}")
+    for name, info in manifest["files"].items():
+        if not (isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("sha256"), str)):
+            raise fail(f"files[{name!r}] needs 'bytes' (int) and 'sha256' (str), got {info!r}")
+    missing = [g for g in manifest["groups"] if f"{g}.safetensors" not in manifest["files"]]
+    if missing or STATE_FILE not in manifest["files"]:
+        raise fail(f"'files' does not list {[f'{g}.safetensors' for g in missing] or [STATE_FILE]}")
 
 
 def _verify_files(p: Path, manifest: dict, verify_hash: bool) -> None:

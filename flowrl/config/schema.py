@@ -22,6 +22,7 @@ from flowrl.config.loader import (
     apply_overrides,
     dump_yaml,
     from_dict,
+    parse_yaml,
     plugin_config_class,
     plugin_field,
     read_yaml_file,
@@ -295,12 +296,17 @@ def check_geometry(cfg: RunConfig, num_processes: int = 1) -> None:
 
 
 def save_resolved(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
-    """Write the resolved config to ``<run dir>/config.yaml`` (what resume reads)."""
+    """Write the resolved config to ``<run dir>/config.yaml`` (what resume reads), atomically. It describes
+    the run, not how it was last launched: ``run.resume`` and ``run.restart`` are written as false."""
+    import yaml
+
     d = Path(run_dir) if run_dir is not None else cfg.run_dir
     d.mkdir(parents=True, exist_ok=True)
     path = d / "config.yaml"
+    data = parse_yaml(dump_yaml(cfg))
+    data["run"].update(resume=False, restart=False)
     tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(dump_yaml(cfg))
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     tmp.replace(path)
     return path
 

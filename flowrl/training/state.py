@@ -13,6 +13,7 @@ class LoopState:
     consecutive_skips: int = 0
     wall_time: float = 0.0             # seconds spent in iterations (excludes evaluation)
     skip_reasons: dict = field(default_factory=dict)
+    dropped_samples: dict = field(default_factory=dict)   # samples left out for a ±inf reward, per reward
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

@@ -8,11 +8,12 @@
         "old" ← η·old + (1 − η)·train                # η from the objective's old_update schedule
         log; every eval.every: evaluate; every checkpoint.every: save (atomic, exact resume)
 
-Robustness: samples whose advantage is non-finite are left out of the update (counted per reward); if none is
-left, or a reward is ±inf, the update is skipped; a non-finite loss skips that optimizer step and names the
-term. Resume restores weights ("train", "old"), optimizer, EMA, balancer state, counters and RNG; the data
-position and every sample's noise are pure functions of (seed, iteration), so a resumed run continues bitwise
-identically on CPU.
+Robustness (docs/training.md "Faults"): a ±inf reward is treated as NaN (the sample is left out, counted and
+the reward named); samples whose advantage is non-finite are left out of the update; if none is left the update
+is skipped; a non-finite loss skips that optimizer step and names the term. After ``train.max_skipped``
+consecutive skipped updates the run saves a checkpoint and stops (``SkipLimitError``). Resume restores weights
+("train", "old"), optimizer, EMA, balancer state, counters and RNG; the data position and every sample's noise
+are pure functions of (seed, iteration), so a resumed run continues bitwise identically on CPU.
 """
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ import time
 import torch
 from torch import Tensor
 
-from flowrl.checkpoint.resume import RunState, load_run, save_run
+from flowrl.checkpoint.resume import RunState, load_run, prepare_fresh_run, save_run
+from flowrl.checkpoint.store import seed_global_rngs
 from flowrl.config import RunConfig, check_geometry, save_resolved
+from flowrl.config.validate import check_startable
 from flowrl.distributed import processes as _dist
+from flowrl.errors import SkipLimitError
 from flowrl.training.advantage import AdvantageStage
 from flowrl.training.evaluation import Evaluator
 from flowrl.training.rollout import RolloutStage
@@ -42,7 +46,8 @@ class Trainer:
         self.dist = _dist.Dist(accelerator if accelerator is not None
                                else _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu))
         check_geometry(cfg, self.dist.world)
-        torch.manual_seed(cfg.run.seed)          # LoRA init and anything else drawn from the global RNG
+        check_startable(cfg)                     # rewards, resolution, prompt files, policy path: before loading
+        seed_global_rngs(cfg.run.seed)           # LoRA init and anything else drawn from the global RNGs
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         self.parts = p = build_parts(cfg, self.dist, policy)
@@ -68,37 +73,55 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
         cfg = self.cfg
+        self.open_run_dir()
+        logger = self.logger(self.state.iteration if cfg.run.resume else None)
+        bar = self.progress(self.state.iteration, cfg.train.iterations)
+        summary = {}
+        try:
+            if cfg.eval.before and self.state.iteration == 0:
+                summary["before"] = self.evaluator.evaluate(0, "before", logger)
+            for it in range(self.state.iteration, cfg.train.iterations):
+                self.step(it, logger, bar)
+            bar.close()
+            self.save()
+            if cfg.eval.after:
+                summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
+        finally:
+            bar.close()
+            logger.close()
+        summary["state"] = self.state.as_dict()
+        return summary
+
+    def step(self, it: int, logger, bar) -> None:
+        """Iteration ``it`` with its logging, evaluation, checkpoint and skip guard."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        metrics = self.iteration(it)
+        self.state.wall_time += time.perf_counter() - t0
+        self.state.iteration = it + 1
+        metrics.update(self.state.counters(cfg.samples_per_iter))
+        if it % cfg.log.every == 0 or it + 1 == cfg.train.iterations or self.skip_limit_reached():
+            logger.log(metrics, step=it + 1)
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}")
+        self.stop_if_skipping()
+        if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and it + 1 < cfg.train.iterations:
+            self.evaluator.evaluate(it + 1, f"step_{it + 1:06d}", logger)
+        if cfg.checkpoint.every and (it + 1) % cfg.checkpoint.every == 0:
+            self.save()
+
+    def open_run_dir(self) -> None:
+        """Resume (the newest restorable checkpoint), or start fresh (refusing a directory that holds another
+        run's checkpoints unless ``run.restart``); then write the resolved config.yaml, which follows the
+        directory when it was moved and records overrides given at resume."""
+        cfg = self.cfg
         if cfg.run.resume:
             load_run(cfg.run_dir, self.run_state, self.dist)
             self.evaluator.load_base()
-        elif self.dist.is_main:
+        else:
+            prepare_fresh_run(cfg.run_dir, cfg.run.restart, self.dist)
+        if self.dist.is_main:
             save_resolved(cfg)
-        logger = self.logger(self.state.iteration if cfg.run.resume else None)
-        summary = {}
-        if cfg.eval.before and self.state.iteration == 0:
-            summary["before"] = self.evaluator.evaluate(0, "before", logger)
-        bar = self.progress(self.state.iteration, cfg.train.iterations)
-        for it in range(self.state.iteration, cfg.train.iterations):
-            t0 = time.perf_counter()
-            metrics = self.iteration(it)
-            self.state.wall_time += time.perf_counter() - t0
-            self.state.iteration = it + 1
-            metrics.update(self.state.counters(cfg.samples_per_iter))
-            if it % cfg.log.every == 0 or it + 1 == cfg.train.iterations:
-                logger.log(metrics, step=it + 1)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}")
-            if cfg.eval.every and (it + 1) % cfg.eval.every == 0 and it + 1 < cfg.train.iterations:
-                self.evaluator.evaluate(it + 1, f"step_{it + 1:06d}", logger)
-            if cfg.checkpoint.every and (it + 1) % cfg.checkpoint.every == 0:
-                self.save()
-        bar.close()
-        self.save()
-        if cfg.eval.after:
-            summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
-        logger.close()
-        summary["state"] = self.state.as_dict()
-        return summary
 
     def iteration(self, it: int) -> dict:
         """One rollout → reward → advantage → update → old-weights step; returns its metrics."""
@@ -120,36 +143,60 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------- the pieces
     def update_allowed(self, scores, adv: Tensor, metrics: dict) -> bool:
-        """False (and the reason recorded) when a reward is ±inf or no sample has a finite advantage."""
+        """±inf rewards count as NaN (the advantage stage maps them; a sample no other reward applies to is left
+        out): counted per reward (``skip/inf/<name>``, the checkpointed ``dropped_samples``) and named. False,
+        with the update skipped and its reason recorded, when no sample has a finite advantage."""
         R, names = scores.R, scores.names
-        bad = [n for k, n in enumerate(names) if torch.isinf(R[:, k]).any()]
-        if not bad and torch.isfinite(adv).any():
+        for k, name in enumerate(names):
+            n_inf = int(torch.isinf(R[:, k]).sum())
+            if n_inf:
+                metrics[f"skip/inf/{name}"] = n_inf
+                key = f"reward/{name}"
+                self.state.dropped_samples[key] = self.state.dropped_samples.get(key, 0) + n_inf
+                self.dist.print(f"[flowrl] reward {name!r} returned ±inf for {n_inf} sample(s); treated as NaN "
+                                "(not applicable): left out unless another reward applies")
+        if torch.isfinite(adv).any():
             return True
-        reason = f"reward/{bad[0]}" if bad else "reward/" + "+".join(
-            n for k, n in enumerate(names) if torch.isnan(R[:, k]).any())
-        self.skip(reason, metrics)
+        bad = [n for k, n in enumerate(names) if not torch.isfinite(R[:, k]).all()]
+        self.skip("reward/" + "+".join(bad) if bad else "advantage", metrics)
         return False
 
     def skip(self, reason: str, metrics: dict) -> None:
+        """Record a skipped update (the guard runs after the iteration: ``stop_if_skipping``)."""
         self.state.count_skip(reason)
         self.state.consecutive_skips += 1
+        self.last_skip = reason
         metrics["skip/update"] = 1
         self.dist.print(f"[flowrl] skipped an update: non-finite {reason} "
                         f"({self.state.skipped_updates} skipped so far)")
-        if self.state.consecutive_skips >= self.cfg.train.max_skipped:
-            raise FloatingPointError(f"{self.state.consecutive_skips} consecutive updates skipped for non-finite "
-                                     f"values (last: {reason}); see skip/* in metrics.jsonl. Lower train.lr or "
-                                     "check the reward; raise train.max_skipped to tolerate more")
 
     def record_steps(self, stats: UpdateStats) -> None:
+        """Count the optimizer steps taken and skipped; a skipped step is a skipped update (reset by a step)."""
         for term in stats.nonfinite_terms:
             self.state.skip_reasons[f"loss/{term}"] = self.state.skip_reasons.get(f"loss/{term}", 0) + 1
+            self.last_skip = f"loss/{term}"
         self.state.skipped_updates += stats.skipped_steps
         if stats.steps:
             self.state.consecutive_skips = 0
-        elif stats.skipped_steps:
-            self.state.consecutive_skips += 1
+        else:
+            self.state.consecutive_skips += stats.skipped_steps
         self.state.global_step += stats.steps
+
+    def skip_limit_reached(self) -> bool:
+        return self.state.consecutive_skips >= self.cfg.train.max_skipped
+
+    def stop_if_skipping(self) -> None:
+        """After ``train.max_skipped`` consecutive skipped updates (any cause): save a checkpoint — the weights
+        are the last good ones, skipped steps never change them — and stop with a SkipLimitError."""
+        if not self.skip_limit_reached():
+            return
+        path = self.save()
+        where = f"checkpoint {path}" if path is not None else "a checkpoint"
+        raise SkipLimitError(f"{self.state.consecutive_skips} consecutive updates skipped for non-finite values "
+                             f"(last: {getattr(self, 'last_skip', 'unknown')}); stopped at iteration "
+                             f"{self.state.iteration} after saving {where} of the last good weights. Fix the cause "
+                             f"(lower train.lr, check the reward) and continue with --resume {self.cfg.run_dir}; "
+                             f"train.max_skipped={self.cfg.train.max_skipped} is the limit")
 
     # ---------------------------------------------------------------------------------- I/O and state
     def logger(self, resume_step: int | None):
@@ -167,8 +214,10 @@ class Trainer:
         enabled = self.cfg.log.progress and self.dist.is_main
         return tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
 
-    def save(self) -> None:
-        save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
+    def save(self):
+        """Checkpoint the current iteration; the checkpoint's path on the main process (None elsewhere)."""
+        return save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
+
 
 
 def train(cfg: RunConfig, accelerator=None, policy=None) -> dict:
