@@ -3,8 +3,10 @@
 A reward is any callable ``reward(batch: RewardInput) -> Tensor[B] | dict[str, Tensor[B]]``.  A dict holds
 ``"score"`` (the reward) and optional named sub-scores (``{"score": s, "count": c}``).  NaN means "does not
 apply to this sample" (e.g. OCR on a prompt without quoted text) and is excluded downstream (reference E §3.3,
-reference B §4.1 NaN masks).  Rewards with weights load them lazily in ``setup(device, dtype)`` so that
-``import rewards`` stays cheap.  Optional class attributes:
+reference B §4.1 NaN masks). ±inf is passed through as a failure on that sample: the trainer treats it like
+NaN (the sample is left out unless another reward applies) and counts and names it (docs/training.md
+"Faults"); one bad sample does not stop a run.  Rewards with weights load them lazily in
+``setup(device, dtype)`` so that ``import rewards`` stays cheap.  Optional class attributes:
 
     name:    str                   shown in errors and logs (defaults to the registry name)
     accepts: tuple[str, ...]       ("image",), ("video",) or both (the default): checked before the call
@@ -88,8 +90,6 @@ def _as_vector(value: Any, n: int, name: str, key: str) -> Tensor:
     if t.shape != (n,):
         raise RewardError(f"reward {name!r}: output {key!r} must have shape ({n},) for a batch of {n}, "
                           f"got {tuple(t.shape)}")
-    if torch.isinf(t).any():
-        raise RewardError(f"reward {name!r}: output {key!r} contains inf (use NaN for 'does not apply')")
     return t
 
 

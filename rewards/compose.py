@@ -9,8 +9,8 @@ Config form (keyed by name, so ``rewards.pickscore.weight=0.5`` overrides addres
       aesthetic: 0.3                      # shorthand for {weight: 0.3} (Flow-GRPO's reward_fn dict)
 
 Weighted sum (Flow-GRPO ``multi_score`` "avg", weights not normalised):
-    total_n = Σ_k w_k · R[n, k]  over the rewards that apply to sample n (NaN entries are skipped);
-    total_n = NaN when no reward applies.
+    total_n = Σ_k w_k · R[n, k]  over the rewards that apply to sample n (NaN and ±inf entries — a reward that
+    failed on that sample — are skipped);  total_n = NaN when no reward applies.
 """
 from __future__ import annotations
 
@@ -110,8 +110,9 @@ class RewardScores:
 
 
 def weighted_total(scores: Tensor, weights: Tensor) -> Tensor:
-    """Σ_k w_k·R[:, k] skipping NaN entries; NaN for rows with no applicable reward."""
-    valid = ~torch.isnan(scores)
+    """Σ_k w_k·R[:, k] skipping non-finite entries (NaN: not applicable, ±inf: failed); NaN for rows with no
+    applicable reward."""
+    valid = torch.isfinite(scores)
     total = torch.where(valid, scores * weights, torch.zeros_like(scores)).sum(1)
     return torch.where(valid.any(1), total, torch.full_like(total, float("nan")))
 

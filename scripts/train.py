@@ -5,9 +5,16 @@
     accelerate launch --config_file configs/accelerate/ddp.yaml scripts/train.py -c configs/sd35/grpo_pickscore.yaml
     python scripts/train.py --config configs/default.yaml --print-config     # resolved config, then exit
     python scripts/train.py --resume runs/default [train.iterations=200]     # continue a run exactly
+    python scripts/train.py --resume runs/default --restart                  # start that run over (same config)
 
 Overrides are dotted ``key=value`` pairs parsed as YAML (``~key`` resets a key to its default). The resolved
-config is written to ``<run.output_dir>/<run.name>/config.yaml``; ``--resume RUN_DIR`` reads it back.
+config is written to ``<run.output_dir>/<run.name>/config.yaml``; ``--resume RUN_DIR`` reads it back and
+continues in RUN_DIR wherever it now is. A new run refuses a directory that holds checkpoints; ``--restart``
+(``run.restart=true``) deletes them and starts over.
+
+Errors flowrl raises on purpose (a bad config, a damaged checkpoint, a failing reward, the skip guard, a launch
+that cannot work: ``flowrl.errors.ON_PURPOSE``) are printed as one line, ``config error: …`` or ``error: …``,
+with exit status 1; ``--debug`` shows the traceback instead. Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -25,7 +32,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help=f"YAML recipe (default: {DEFAULT.relative_to(DEFAULT.parents[1])})")
     ap.add_argument("--resume", default=None, metavar="RUN_DIR",
                     help="continue the run in RUN_DIR from its latest checkpoint")
+    ap.add_argument("--restart", action="store_true",
+                    help="start over in a run directory that holds checkpoints (deletes them; with --resume "
+                         "RUN_DIR: that run's config)")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=1e-4")
     args = ap.parse_args(argv)
     if args.config is None and args.overrides and args.overrides[0].endswith((".yaml", ".yml")):
@@ -36,28 +47,43 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    from flowrl.config import ConfigError, dump_yaml, load_config, load_resolved
+    from flowrl.errors import ON_PURPOSE
 
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
-        if args.resume:
-            cfg = load_resolved(args.resume, ["run.resume=true", *args.overrides])
-        else:
-            cfg = load_config(args.config or DEFAULT, args.overrides)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}") from None
+        return run(args)
+    except ON_PURPOSE as e:
+        if args.debug:
+            raise
+        print(error_line(e), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def run(args: argparse.Namespace) -> dict | None:
+    from flowrl.config import dump_yaml, load_config, load_resolved
+
+    if args.resume:
+        mode = "run.restart=true" if args.restart else "run.resume=true"
+        cfg = load_resolved(args.resume, [mode, *args.overrides])
+    else:
+        cfg = load_config(args.config or DEFAULT, [*args.overrides, *(["run.restart=true"] if args.restart else [])])
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return None
     from flowrl.training.trainer import train
 
-    try:
-        summary = train(cfg)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}") from None
+    summary = train(cfg)
     report(summary)
     print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/<tag>/index.html)")
     return summary
+
+
+def error_line(e: BaseException) -> str:
+    """``config error: …`` for a config mistake, ``error: …`` for any other error raised on purpose."""
+    from flowrl.config import ConfigError
+    from flowrl.errors import one_line
+
+    return f"{'config error' if isinstance(e, ConfigError) else 'error'}: {one_line(e)}"
 
 
 def report(summary: dict) -> None:

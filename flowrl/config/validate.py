@@ -89,9 +89,10 @@ def resolution_fits_policy(cfg, source: Source | None = None) -> None:
     except ValueError as e:
         key = next((k for k in ("height", "width", "num_frames") if re.match(rf"(sampler\.)?{k}\b", str(e))),
                    "height")
-        msg = re.sub(rf"^(sampler\.)?{key}:?\s*", "", str(e))
-        raise config_error(f"{msg} (policy {cfg.policy.kind}{', tiny' if load.tiny else ''})",
-                           f"sampler.{key}", source) from None
+        msg = re.sub(rf"^(sampler\.)?{key}:?\s*", "", str(e)) + f" (policy {cfg.policy.kind}" + \
+            (", tiny)" if load.tiny else ")")
+        raise (config_error(msg, f"sampler.{key}", source) if source else ConfigError(f"sampler.{key}: {msg}")) \
+            from None
 
 
 def balancer_statistics_valid(cfg, source: Source | None) -> None:

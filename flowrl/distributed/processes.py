@@ -11,17 +11,51 @@ accelerate's own config files (``configs/accelerate/``); with them the trainable
 """
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
 
+from flowrl.errors import LaunchError
+
 
 def make_accelerator(mixed_precision: str = "no", cpu: bool = False):
-    """An ``accelerate.Accelerator`` (reads ``accelerate launch`` settings from the environment)."""
+    """An ``accelerate.Accelerator`` (reads ``accelerate launch`` / ``torchrun`` settings from the environment).
+
+    Refuses (``LaunchError``) a multi-process launch whose processes would not join one process group — each
+    would run the whole job into the same run directory: torchrun/accelerate starting N > 1 processes on a
+    machine without a GPU and without ``run.cpu=true`` (accelerate then builds N independent single-process
+    runs), or any launch where the accelerator sees a different number of processes than were started."""
     from accelerate import Accelerator
 
-    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    launched = launched_processes()
+    if launched > 1 and not cpu and not accelerator_available():
+        raise LaunchError(f"{launched} processes were launched (WORLD_SIZE={launched}) but no GPU is visible and "
+                          "run.cpu is false: each process would train the whole run alone into the same "
+                          "directory. Set run.cpu=true to train on CPU processes (gloo), or make the GPUs "
+                          "visible (drivers, CUDA_VISIBLE_DEVICES)")
+    acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    if launched > 1 and acc.num_processes != launched:
+        raise LaunchError(f"{launched} processes were launched (WORLD_SIZE={launched}) but accelerate joined "
+                          f"{acc.num_processes} (distributed type {acc.distributed_type.name}); each would run "
+                          "the whole job alone. Launch with accelerate launch / torchrun on devices accelerate "
+                          "can use, or set run.cpu=true")
+    return acc
+
+
+def launched_processes() -> int:
+    """How many processes the launcher started (``WORLD_SIZE``, set by torchrun and accelerate launch)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise LaunchError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number") from None
+
+
+def accelerator_available() -> bool:
+    """A device accelerate would put a process group on: CUDA (or ROCm), or an Intel XPU."""
+    xpu = getattr(torch, "xpu", None)
+    return torch.cuda.is_available() or bool(xpu is not None and xpu.is_available())
 
 
 class Dist:
