@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 import inspect
 import re
-import sys
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -128,8 +127,9 @@ def build_plugin(registry: str, data: Any, where: str, source: Source | None, de
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    module = sys.modules.get(cls.__module__)
-    return typing.get_type_hints(cls, globalns=vars(module) if module else None)
+    """The resolved annotations of ``cls`` and its bases, each in its own module's namespace (a Config may extend
+    another module's Config, e.g. GARDO's extends GRPO's)."""
+    return typing.get_type_hints(cls)
 
 
 def from_dict(cls: type, data: Any, where: str = "", source: Source | None = None):
@@ -179,7 +179,7 @@ def blamed_field(message: str, prefix: str, names: list[str]) -> tuple[str | Non
     if not hits:
         return None, message
     _, _, name, m = min(hits)
-    alone = m.start() == 0 and not message[m.end():].startswith("[")    # "train.betas[0] ..." stays whole
+    alone = m.start() == 0 and m.group(0) == prefix + name and not message[m.end():].startswith("[")
     rest = message[m.end():].lstrip(" :") if alone else message
     return prefix + name, rest or message
 

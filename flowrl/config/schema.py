@@ -56,8 +56,8 @@ class RunSection:
             raise ValueError(f"run.name must be a plain directory name (the run lives in "
                              f"<run.output_dir>/<run.name>), got {self.name!r}")
         if self.resume and self.restart:
-            raise ValueError("run.restart and run.resume are exclusive: resume continues the run in its "
-                             "directory, restart deletes its checkpoints and starts over")
+            raise ValueError("resume and restart cannot both be true: run.resume continues the run in its "
+                             "directory, run.restart deletes its checkpoints and starts over")
 
 
 @dataclass
