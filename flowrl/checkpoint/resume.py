@@ -52,7 +52,7 @@ def save_run(run_dir: Path, s: RunState, keep: int, dist) -> Path | None:
     """Write a checkpoint of the current iteration (main process), then wait for every process."""
     path = None
     if dist.is_main:
-        tensors = {"train": s.policy.adapter_state_dict("train"), "old": s.policy.adapter_state_dict("old")}
+        tensors = {name: s.policy.adapter_state_dict(name) for name in s.policy.weight_sets()}
         extra = {"optimizer": s.optimizer.state_dict(), "loop": s.loop.as_dict(),
                  "balancer": dict(s.balancer_state), "objective": dict(s.objective_state),
                  "window": s.window.state_dict(), "rng": capture_rng_state()}
@@ -98,7 +98,7 @@ def restore(path: Path, s: RunState) -> None:
     """Load checkpoint ``path`` into ``s``; CheckpointError naming the file when it is damaged, lacks a part
     the run needs, or does not fit the run's model / optimizer (e.g. a changed LoRA rank)."""
     tensors, extra = load_checkpoint(path, map_location="cpu")
-    needed = ["train", "old"] + (["ema"] if s.ema is not None else [])
+    needed = s.policy.weight_sets() + (["ema"] if s.ema is not None else [])
     missing = [g for g in needed if g not in tensors]
     if missing:
         raise CheckpointError(f"checkpoint {str(path)!r} has no tensor group {missing[0]!r} (groups: "
@@ -117,8 +117,8 @@ def restore(path: Path, s: RunState) -> None:
 
 def apply(tensors: dict, extra: dict, s: RunState) -> None:
     """Put a checkpoint's tensors and state into the run's objects."""
-    s.policy.load_adapter_state_dict(tensors["train"], "train")
-    s.policy.load_adapter_state_dict(tensors["old"], "old")
+    for name in s.policy.weight_sets():                 # "train", "old" and extra adapters (GARDO's "ref")
+        s.policy.load_adapter_state_dict(tensors[name], name)
     s.optimizer.load_state_dict(extra["optimizer"])
     if s.ema is not None:
         shadow = [tensors["ema"][k] for k in sorted(tensors["ema"])]

@@ -8,10 +8,12 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
 - ``TRAINS_ON``: a sample source (``sources.TRAJECTORY_ROWS`` or ``sources.FORWARD_PROCESS``) that checks the
   rollout kernel and turns a micro-batch of rollouts into ``TrainBatch``es;
 - ``loss(policy, batch, cfg) -> LossOut``;
-- optionally ``prepare_advantages(adv, group_ids, cfg)`` (called on the whole set of rollouts before
-  micro-batching; identity unless defined, AWR's energies);
-- optionally ``end_iteration(policy, cfg, state, step)`` (called once per iteration after the optimizer steps
-  and before the old-adapter update; ``state`` is a dict the objective owns and the checkpoint stores);
+- optionally ``prepare_advantages(adv, group_ids, cfg, context=None)`` (called on the whole set of rollouts
+  before micro-batching; identity unless defined, AWR's energies; ``context`` is an ``AdvantageContext``: every
+  reward column, the images, the objective's state, and ``extras`` for per-sample values its TrainBatches get);
+- optionally ``end_iteration(policy, cfg, state, step, metrics=None)`` (called once per iteration after the
+  optimizer steps and before the old-adapter update, with the iteration's update metrics; ``state`` is a dict
+  the objective owns and the checkpoint stores);
 - optionally ``trains_on(cfg)``: the source as a function of the objective's Config, for objectives whose source
   depends on their settings (a wrapper such as ``normguard`` trains on whatever its ``inner`` objective trains
   on); ``get_objective(name, cfg)`` uses it, ``get_objective(name)`` falls back to the module's ``TRAINS_ON``.
@@ -24,6 +26,7 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
     awr         FlowAWR / VideoAWR advantage-weighted rectification (energy targets)
     awm         AWM, advantage-weighted matching (on-policy limit of the rectified regression)
     normguard   NormGuard hinge on velocity-norm growth over the base, wrapped around any of the above
+    gardo       GARDO: KL to a refreshable reference on the uncertain samples only, diversity-aware advantages
 
 nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5); grpo_guard and dppo share grpo's
 stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
@@ -49,6 +52,7 @@ OBJECTIVES = Registry(
         "grpo_guard": "flowrl.objectives.grpo_guard:loss",
         "dppo": "flowrl.objectives.dppo:loss",
         "normguard": "flowrl.objectives.normguard:loss",
+        "gardo": "flowrl.objectives.gardo:loss",
     },
     entry_point_group="flowrl.objectives",
 )
@@ -70,11 +74,11 @@ class ObjectiveSpec:
         return decay(cfg.old_update, step)
 
 
-def _identity(adv, group_ids, cfg=None):
+def _identity(adv, group_ids, cfg=None, context=None):
     return adv
 
 
-def _nothing(policy, cfg, state, step):
+def _nothing(policy, cfg, state, step, metrics=None):
     return None
 
 

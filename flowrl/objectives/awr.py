@@ -73,7 +73,7 @@ def group_energies(adv: Tensor, cfg: Config | None = None) -> Tensor:
     return e.clamp(cfg.energy_min, cfg.energy_max).to(adv.dtype)
 
 
-def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None) -> Tensor:
+def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None, context=None) -> Tensor:
     """Advantages (B,) → energies (B,) per prompt group; NaN advantages are left out of their group and stay NaN.
     The trainer calls this on the full set of rollouts, before splitting it into micro-batches."""
     if group_ids.shape != adv.shape:

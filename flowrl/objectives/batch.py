@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ class TrainBatch:
                 and the log-prob reduction the rollout used; GRPO re-scores the stored steps with exactly these.
     mask:       (B,) bool, samples that count (zero-std filtering, MC-GRPO's dropped median); None = all.
     generator:  torch.Generator for ``noise`` when it is None.
+    extras:     per-sample (B,) values the objective's ``prepare_advantages`` asked the loop to carry (GARDO's gate).
     """
 
     cond: Cond
@@ -45,6 +46,7 @@ class TrainBatch:
     reduce: str = "mean"
     mask: Tensor | None = None
     generator: torch.Generator | None = None
+    extras: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.advantages.shape[0]

@@ -25,20 +25,38 @@ reference G §2.5). Flow-GRPO with three changes, each a pure function here:
    so good samples far from their group's others are amplified; below-average ones keep their plain advantage.
 
 The per-step loss is Flow-GRPO's clipped surrogate plus β·``gated_mean``(KL_i, gate) with μ_ref from
-``grpo.reference_mean(..., adapter="ref")``. Not registered as an objective yet: the loop hands an objective
-neither the auxiliary rewards and image features (parts 1 and 3) nor a per-sample gate in its TrainBatch, and
-does not checkpoint a "ref" adapter (docs/objectives.md, "Guards against reward hacking", lists what is missing).
+``grpo.reference_mean(..., adapter="ref")``.
+
+In a run: ``objective: {kind: gardo}``, ``policy.lora.names: [train, old, ref]`` (the refreshable reference; a
+fresh LoRA adapter equals the base), and at least one reward with ``weight: 0`` (scored every iteration, never
+trained on: the auxiliary rewards). ``prepare_advantages`` reads the rewards, the images and its state from the
+loop's ``AdvantageContext`` and hands the gate to the TrainBatches (``extras["gardo_gate"]``); ``end_iteration``
+refreshes the reference from the iteration's gated KL. Image features φ here are the decoded samples
+area-downsampled to at most 32×32 px (the anchor uses DINOv3 features; any feature map can replace
+``image_features``). Deviation: the released script gates on ranks within the whole batch; here too, over all N
+samples of the iteration (every process sees the same R and features).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from flowrl.objectives import grpo
+from flowrl.objectives.sources import TRAJECTORY_ROWS
+from flowrl.types import LossOut
+
+TRAINS_ON = TRAJECTORY_ROWS
+REF = "ref"
+GATE = "gardo_gate"
 
 
 @dataclass
-class Config:
+class Config(grpo.Config):
+    """Flow-GRPO's settings (the clip, β_KL now on the gated KL to "ref") plus GARDO's gate and refresh."""
+
     fraction: float = 0.1          # f: initial share of non-negative-uncertainty samples regularised (RiskCompensator)
     fraction_min: float = 0.02
     fraction_max: float = 0.2
@@ -47,7 +65,10 @@ class Config:
     kl_threshold: float = 5e-4     # refresh the reference when the gated KL exceeds this (the script's kl_thres)
     reset_every: int = 100         # … or this many iterations after the last refresh (the script's reset_freq)
 
+    objective = "gardo"
+
     def __post_init__(self):
+        super().__post_init__()
         if not 0 < self.fraction_min <= self.fraction <= self.fraction_max < 1:
             raise ValueError("gardo needs 0 < fraction_min <= fraction <= fraction_max < 1, got "
                              f"{self.fraction_min}, {self.fraction}, {self.fraction_max}")
@@ -85,11 +106,12 @@ def uncertainty_gate(u: Tensor, fraction: float) -> Tensor:
 
 def adapt_fraction(fraction: float, mean_u: float, history: list[float], cfg: Config) -> tuple[float, list]:
     """One RiskCompensator update: (new fraction, new history of mean non-negative uncertainties)."""
+    up, down = 1 + cfg.fraction_step, 1 - cfg.fraction_step
     if history:
         if mean_u > max(history):
-            fraction *= 1 + cfg.fraction_step
+            fraction *= up
         elif mean_u < min(history):
-            fraction *= 1 - cfg.fraction_step
+            fraction *= down
     fraction = min(max(fraction, cfg.fraction_min), cfg.fraction_max)
     return fraction, (history + [mean_u])[-cfg.history:]
 
@@ -126,3 +148,95 @@ def gated_mean(per_sample: Tensor, gate: Tensor) -> Tensor:
     """Mean of ``per_sample`` over the gated samples (0 when none is gated)."""
     g = gate.to(per_sample.device).float()
     return (per_sample * g).sum() / g.sum().clamp(min=1.0)
+
+
+# ---- the loop-facing parts ----------------------------------------------------------------------------------
+
+
+def image_features(images: Tensor, size: int = 32) -> Tensor:
+    """(N, D) features φ of decoded samples: area-downsampled to at most ``size`` px a side (videos: frame mean)."""
+    x = images.float()
+    if x.dim() == 5:
+        x = x.mean(1)
+    h, w = x.shape[-2:]
+    if max(h, w) > size:
+        x = F.adaptive_avg_pool2d(x, (max(1, h * size // max(h, w)), max(1, w * size // max(h, w))))
+    return x.flatten(1)
+
+
+def proxy_and_auxiliary(R: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """The trained reward r = Σ_{w_k > 0} w_k R_k (N,) and the auxiliary columns (weight 0) (N, A)."""
+    w = weights.to(R.dtype)
+    trained, aux = w > 0, w == 0
+    if not aux.any():
+        raise ValueError("gardo needs at least one reward with weight 0 (scored, not trained on) to estimate "
+                         "uncertainty, e.g. rewards: {shapes: 1.0, shapes_clean: 0.0}")
+    r = torch.where(torch.isfinite(R[:, trained]), R[:, trained] * w[trained], torch.zeros_like(R[:, trained]))
+    r = torch.where(torch.isfinite(R[:, trained]).any(1), r.sum(1), torch.full_like(r[:, 0], float("nan")))
+    return r, R[:, aux]
+
+
+def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None, context=None) -> Tensor:
+    """GARDO's diversity-aware advantages of the trained reward, and the KL gate (context.extras)."""
+    cfg = cfg or Config()
+    if context is None:
+        raise ValueError("gardo needs the training loop's AdvantageContext (rewards, images, state)")
+    r, aux = proxy_and_auxiliary(context.R, context.weights)
+    ok = torch.isfinite(r) & torch.isfinite(aux).all(1)
+    st = context.state
+    u = torch.full_like(r, float("nan"), dtype=torch.float64)
+    if int(ok.sum()) >= 2:
+        u[ok] = uncertainty(r[ok], aux[ok])
+    gate = uncertainty_gate(torch.nan_to_num(u, nan=-1.0), st.get("fraction", cfg.fraction))
+    nonneg = u[torch.isfinite(u) & (u >= 0)]
+    if nonneg.numel():
+        st["fraction"], st["history"] = adapt_fraction(st.get("fraction", cfg.fraction), float(nonneg.mean()),
+                                                       st.get("history", []), cfg)
+    context.extras[GATE] = gate.float()
+    out = torch.full_like(adv, float("nan"))
+    if ok.any():
+        feats = image_features(context.images())[ok.to(adv.device)]
+        out[ok] = diversity_advantages(r[ok], group_ids[ok], feats).to(adv.dtype)
+    return out
+
+
+def _step_terms(policy, batch, j: int, how, cfg: Config, adv: Tensor) -> dict[str, Tensor]:
+    """Flow-GRPO's per-sample terms of stored step j, with the KL to "ref" scaled so that its mean over the kept
+    samples is its mean over the gated ones (``gated_mean``)."""
+    sc = grpo.score_step(policy, batch, j, how)
+    terms = grpo.policy_terms(sc, adv, cfg.clip_range)
+    if cfg.beta_kl > 0:
+        if GATE not in batch.extras:
+            raise ValueError("gardo: TrainBatch.extras has no gate; gardo runs inside the trainer")
+        gate = batch.extras[GATE].to(adv.device).float()
+        keep = batch.weights().to(adv.device)
+        scale = keep.sum() / (gate * keep).sum().clamp(min=1.0)
+        kl = grpo.mean_kl(sc.out.mean, grpo.reference_mean(policy, batch, sc, how, adapter=REF), sc.out.std,
+                          sc.sigma_next - sc.sigma, cfg.kl_form)
+        terms["kl"] = kl * gate * scale
+        terms["gated"] = gate
+    return terms
+
+
+def require_reference(policy) -> None:
+    if REF not in policy.weight_sets():
+        raise ValueError("gardo needs a refreshable reference adapter: set policy.lora.names: [train, old, ref]")
+
+
+def loss(policy, batch, cfg: Config | None = None) -> LossOut:
+    cfg = cfg or Config()
+    if cfg.beta_kl > 0:
+        require_reference(policy)
+    return grpo.trajectory_loss(policy, batch, cfg, "gardo", _step_terms)
+
+
+def end_iteration(policy, cfg: Config, state: dict, step: int, metrics: dict | None = None) -> None:
+    """ref ← train when the iteration's gated KL passed ``kl_threshold`` or ``reset_every`` iterations passed."""
+    require_reference(policy)
+    since = state.get("since_refresh", 0) + 1
+    kl = float((metrics or {}).get("loss/kl", 0.0))
+    if should_refresh(kl, since, cfg):
+        policy.copy_adapter("train", REF)
+        state["refreshes"] = state.get("refreshes", 0) + 1
+        since = 0
+    state["since_refresh"] = since

@@ -165,12 +165,17 @@ def average_over_steps(steps: list[int], keep: Tensor, terms: Callable[[int], di
     return sums
 
 
+def policy_terms(sc: StepScore, adv: Tensor, clip_range: float) -> dict[str, Tensor]:
+    """Per-sample PPO-clip terms of a re-scored step: policy loss, ratio, clipped flag, approx KL."""
+    ratio = torch.exp(sc.log_ratio)
+    return {"policy": clipped_surrogate(adv, ratio, clip_range), "ratio": ratio.detach(),
+            "clipped": ((ratio - 1).abs() > clip_range).float(), "approx_kl": 0.5 * sc.log_ratio.detach() ** 2}
+
+
 def _step_terms(policy, batch: TrainBatch, j: int, how: StoredSteps, cfg: Config, adv: Tensor):
     """Per-sample policy / ratio / KL terms of stored step j (module docstring)."""
     sc = score_step(policy, batch, j, how)
-    ratio = torch.exp(sc.log_ratio)
-    terms = {"policy": clipped_surrogate(adv, ratio, cfg.clip_range), "ratio": ratio.detach(),
-             "clipped": ((ratio - 1).abs() > cfg.clip_range).float(), "approx_kl": 0.5 * sc.log_ratio.detach() ** 2}
+    terms = policy_terms(sc, adv, cfg.clip_range)
     if cfg.beta_kl > 0:
         mean_ref = reference_mean(policy, batch, sc, how)
         terms["kl"] = mean_kl(sc.out.mean, mean_ref, sc.out.std, sc.sigma_next - sc.sigma, cfg.kl_form)

@@ -80,10 +80,10 @@ def trains_on(cfg: Any) -> InnerSource:
     return InnerSource(inner_spec(cfg).TRAINS_ON)
 
 
-def prepare_advantages(adv, group_ids, cfg):
-    return inner_spec(cfg).prepare_advantages(adv, group_ids, cfg.inner.config)
+def prepare_advantages(adv, group_ids, cfg, context=None):
+    return inner_spec(cfg).prepare_advantages(adv, group_ids, cfg.inner.config, context)
 
 
-def end_iteration(policy, cfg, state: dict, step: int) -> None:
+def end_iteration(policy, cfg, state: dict, step: int, metrics=None) -> None:
     """The inner objective's hook, with its own sub-dict of the checkpointed state."""
-    inner_spec(cfg).end_iteration(policy, cfg.inner.config, state.setdefault("inner", {}), step)
+    inner_spec(cfg).end_iteration(policy, cfg.inner.config, state.setdefault("inner", {}), step, metrics)

@@ -12,7 +12,7 @@ calls ``TRAINS_ON.batches(...)`` and never asks which kind it is:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ class Rollout:
     kernel: Any                        # samplers.kernel.Kernel
     kernel_cfg: Any
     reduce: str                        # log-prob reduction the rollout used ("mean" | "sum")
+    extras: dict = field(default_factory=dict)   # per-row values from the objective's prepare_advantages
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class TrajectoryRows:
     def batches(self, rollout: Rollout, adv: Tensor, generator: torch.Generator, cfg: Any) -> list[TrainBatch]:
         traj = rollout.result.traj
         return [TrainBatch(rollout.cond, adv, traj=traj, steps=[j], guidance=rollout.guidance,
-                           kernel=rollout.kernel, kernel_cfg=rollout.kernel_cfg, reduce=rollout.reduce)
+                           kernel=rollout.kernel, kernel_cfg=rollout.kernel_cfg, reduce=rollout.reduce,
+                           extras=rollout.extras)
                 for j in range(traj.x.shape[1])]
 
 
@@ -66,7 +68,7 @@ class ForwardProcess:
         x0 = res.latents
         cols = cfg.timesteps.config.columns(res.sigmas.numel() - 1, x0.shape[0], generator)   # (B, T)
         return [TrainBatch(rollout.cond, adv, x0=x0, sigma=res.sigmas[cols[:, j]].to(x0.device), generator=generator,
-                           guidance=rollout.guidance) for j in range(cols.shape[1])]
+                           guidance=rollout.guidance, extras=rollout.extras) for j in range(cols.shape[1])]
 
 
 TRAJECTORY_ROWS = TrajectoryRows()

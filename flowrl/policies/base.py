@@ -86,6 +86,9 @@ class Policy(Protocol):
     def soft_update_adapter(self, decay: float, src: str = "train", dst: str = "old") -> None:
         """dst ← decay·dst + (1 − decay)·src."""
 
+    def weight_sets(self) -> list[str]:
+        """The named weight sets a checkpoint holds: "train", "old" and any extra LoRA adapter (e.g. "ref")."""
+
     def adapter_state_dict(self, name: str = "train") -> dict[str, Tensor]:
         """Adapter ``name``'s tensors (CPU-loadable), the checkpoint groups "train" / "old"."""
 
@@ -184,6 +187,9 @@ class PolicyBase:
         """dst ← decay·dst + (1 − decay)·src."""
         self.weights.soft_update(decay, src, dst)
 
+    def weight_sets(self) -> list[str]:
+        return [n for n in self.weights.names() if n is not None]
+
     def adapter_state_dict(self, name: str = "train") -> dict[str, Tensor]:
         return self.weights.state_dict(name)
 
@@ -280,7 +286,7 @@ class PolicyBase:
         return cls.config_class(**fields)
 
     def _saved_weight_names(self) -> list[str]:
-        return ["train", "old"] if self.weights.is_lora else ["old"]
+        return self.weight_sets() if self.weights.is_lora else ["old"]
 
     def _load_saved_adapters(self, path) -> None:
         from flowrl.policies import components as comp

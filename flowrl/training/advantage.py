@@ -55,15 +55,16 @@ class AdvantageStage:
         self.names = list(reward_names) if reward_names is not None else None
         self.calls = 0
 
-    def run(self, R: Tensor, services, iteration: int | None = None) -> tuple[Tensor, dict]:
+    def run(self, R: Tensor, services, iteration: int | None = None, context=None) -> tuple[Tensor, dict]:
         """A (N,) for the whole iteration, and the advantage metrics (plus the conflict diagnostics on the
-        iterations ``iteration % diagnose_every == 0``; without ``iteration`` the stage counts its calls)."""
+        iterations ``iteration % diagnose_every == 0``; without ``iteration`` the stage counts its calls).
+        ``context`` (``flowrl.objectives.context.AdvantageContext``) is shown to the objective's mapping."""
         it = self.calls if iteration is None else iteration
         self.calls += 1
         finite = torch.where(torch.isinf(R), torch.full_like(R, float("nan")), R)
         adv, diag = self.balancer.balance(finite, self.groups, self.weights, self.state, self.bcfg,
                                           services=services)
-        adv = self.objective.prepare_advantages(adv, self.groups, self.ocfg)
+        adv = self.objective.prepare_advantages(adv, self.groups, self.ocfg, context)
         total = torch.nansum(torch.where(torch.isfinite(finite), finite, torch.zeros_like(finite)), 1)
         metrics = {"adv/mean": torch.nanmean(adv), "adv/abs_mean": torch.nanmean(adv.abs()),
                    "adv/zero_std_frac": zero_std_ratio(total, self.groups)}

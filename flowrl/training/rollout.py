@@ -38,6 +38,7 @@ class Samples:
     how: Rollout                       # guidance, kernel, kernel Config, reduction (cond/result: all rows)
     rollout_nfe: int = 0               # model evaluations spent on these samples, over all processes
     metrics: dict = field(default_factory=dict)   # per-iteration figures to log (module docstring)
+    extras: dict = field(default_factory=dict)    # per-sample values of the objective's prepare_advantages
 
     def training_rows(self, adv: Tensor) -> tuple[Samples, Tensor]:
         """What the update trains on and each row's advantage, given this process's per-sample advantages: the
@@ -50,7 +51,7 @@ class Samples:
     def rows(self, idx: Tensor) -> Rollout:
         """The micro-batch ``idx`` as an objective source's input."""
         return Rollout(self.cond.select(idx), self.result.select(idx), self.how.guidance, self.how.kernel,
-                       self.how.kernel_cfg, self.how.reduce)
+                       self.how.kernel_cfg, self.how.reduce, {k: v[idx] for k, v in self.extras.items()})
 
 
 def concat_results(results: list[RolloutResult]) -> RolloutResult:

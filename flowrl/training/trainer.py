@@ -28,6 +28,7 @@ from flowrl.config import RunConfig, check_geometry, save_resolved
 from flowrl.config.validate import check_startable
 from flowrl.distributed import processes as _dist
 from flowrl.errors import SkipLimitError
+from flowrl.objectives.context import AdvantageContext
 from flowrl.training.advantage import AdvantageStage
 from flowrl.training.evaluation import Evaluator
 from flowrl.training.rollout import RolloutStage
@@ -129,19 +130,29 @@ class Trainer:
         samples = self.rollout.run(it)
         self.state.rollout_nfe += samples.rollout_nfe
         scores = score_samples(p.rewards, self.dist, samples)
-        adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it)
-        rows, row_adv = samples.training_rows(adv[self.dist.local_slice(adv.shape[0])])
+        context = self.advantage_context(scores, samples)
+        adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it,
+                                               context=context)
+        local = self.dist.local_slice(adv.shape[0])
+        samples.extras = {k: v[local] for k, v in context.extras.items()}
+        rows, row_adv = samples.training_rows(adv[local])
         metrics = {**scores.metrics, **adv_metrics, **samples.metrics}
         stats = UpdateStats()
         if self.update_allowed(scores, adv, metrics):
             stats = self.updater.run(rows, row_adv, torch.isfinite(row_adv), it, self.state.global_step)
         metrics.update(stats.as_metrics())
         self.record_steps(stats)
-        p.objective.end_iteration(self.policy, p.objective_cfg, p.objective_state, self.state.global_step)
+        p.objective.end_iteration(self.policy, p.objective_cfg, p.objective_state, self.state.global_step, metrics)
         self.policy.soft_update_adapter(p.objective.old_decay(p.objective_cfg, self.state.global_step), "train", "old")
         return metrics
 
     # --------------------------------------------------------------------------------------- the pieces
+    def advantage_context(self, scores, samples) -> AdvantageContext:
+        """What the objective's advantage mapping may look at besides the balancer's output."""
+        R = torch.where(torch.isinf(scores.R), torch.full_like(scores.R, float("nan")), scores.R)
+        return AdvantageContext(R, self.advantages.weights, scores.names,
+                                lambda: self.dist.gather(samples.pixels.float()), self.parts.objective_state)
+
     def update_allowed(self, scores, adv: Tensor, metrics: dict) -> bool:
         """±inf rewards count as NaN (the advantage stage maps them; a sample no other reward applies to is left
         out): counted per reward (``skip/inf/<name>``, the checkpointed ``dropped_samples``) and named. False,
@@ -217,7 +228,6 @@ class Trainer:
     def save(self):
         """Checkpoint the current iteration; the checkpoint's path on the main process (None elsewhere)."""
         return save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
-
 
 
 def train(cfg: RunConfig, accelerator=None, policy=None) -> dict:

@@ -83,12 +83,20 @@ def flow_yaml(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
 
 
+GUARD_SECTIONS = ("objective", "policy", "rewards")   # what a guard recipe may change (GARDO: an adapter + a reward)
+
+
 def guard_objectives(base: str) -> dict[str, dict]:
-    """{guard name: its objective section} of ``configs/toy/guards/<base>_<guard>.yaml``."""
+    """{guard name: {section: value}} — the sections of ``configs/toy/guards/<base>_<guard>.yaml`` that differ
+    from the base recipe (always the objective)."""
     from flowrl.config.loader import read_yaml_file
 
-    return {p.stem[len(base) + 1:]: read_yaml_file(p)["objective"]
-            for p in sorted(GUARDS.glob(f"{base}_*.yaml"))}
+    ref = read_yaml_file(REPO / "configs" / "toy" / f"{base}.yaml")
+    out = {}
+    for p in sorted(GUARDS.glob(f"{base}_*.yaml")):
+        g = read_yaml_file(p)
+        out[p.stem[len(base) + 1:]] = {k: g[k] for k in GUARD_SECTIONS if k == "objective" or g.get(k) != ref.get(k)}
+    return out
 
 
 def methods(base: str, args) -> dict[str, list[str]]:
@@ -98,7 +106,8 @@ def methods(base: str, args) -> dict[str, list[str]]:
 
     recipe_beta = load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
     out = {"none": ["objective.beta_kl=0.0"], "kl": []}
-    out.update({g: [f"objective={flow_yaml(obj)}"] for g, obj in guard_objectives(base).items()})
+    out.update({g: [f"{k}={flow_yaml(v)}" for k, v in sections.items()]
+                for g, sections in guard_objectives(base).items()})
     for beta in SWEEP[base][:args.sweep_size]:
         if not math.isclose(beta, recipe_beta):
             out[f"kl={beta:g}"] = [f"objective.beta_kl={beta}"]

@@ -120,3 +120,57 @@ def test_a_third_lora_weight_set_serves_as_refreshable_reference():
     pol.copy_adapter("train", "ref")                          # GARDO's refresh, ref ← θ
     assert torch.equal(v("ref"), v("train"))
     assert all(not p.requires_grad for p in pol.weights.parameters("ref"))
+
+
+# ---- in the loop ----------------------------------------------------------------------------------------------
+def _context(R, weights, images, state=None):
+    from flowrl.objectives.context import AdvantageContext
+
+    return AdvantageContext(R, weights, [f"r{k}" for k in range(R.shape[1])], lambda: images, state or {})
+
+
+def test_prepare_advantages_gates_and_reshapes_from_the_loops_context():
+    from flowrl.objectives.gardo import GATE, image_features, prepare_advantages, proxy_and_auxiliary
+
+    g = torch.Generator().manual_seed(0)
+    R = torch.rand(8, 3, generator=g)
+    weights = torch.tensor([1.0, 0.5, 0.0])                      # two trained rewards, one auxiliary
+    images = torch.rand(8, 3, 16, 16, generator=g)
+    groups = torch.arange(2).repeat_interleave(4)
+    ctx = _context(R, weights, images)
+    adv = prepare_advantages(torch.zeros(8), groups, gardo.Config(), ctx)
+    r, aux = proxy_and_auxiliary(R, weights)
+    torch.testing.assert_close(r, R[:, 0] + 0.5 * R[:, 1])
+    want_gate = gardo.uncertainty_gate(gardo.uncertainty(r, aux), 0.1)
+    assert torch.equal(ctx.extras[GATE].bool(), want_gate)
+    want = gardo.diversity_advantages(r, groups, image_features(images)).float()
+    torch.testing.assert_close(adv, want)
+    assert "fraction" in ctx.state and len(ctx.state["history"]) == 1
+    with pytest.raises(ValueError, match="weight 0"):
+        prepare_advantages(torch.zeros(8), groups, gardo.Config(), _context(R, torch.ones(3), images))
+
+
+def test_gardo_trains_refreshes_its_reference_and_resumes_it(tmp_path):
+    from flowrl.checkpoint import latest_checkpoint, load_checkpoint
+    from flowrl.config import load_config
+    from flowrl.training.trainer import Trainer
+
+    ov = ["policy.kind=toy", "policy.tiny=true", "sampler.kernel.kind=flow_sde", "sampler.steps=3",
+          "sampler.eval_steps=2", "sampler.height=32", "sampler.width=32", "sampler.guidance=1.0",
+          "train.iterations=2", "train.prompts_per_iter=2", "train.group_size=4", "train.micro_batch=4",
+          "train.updates_per_epoch=2", "eval.before=false", "eval.after=false", f"run.output_dir={tmp_path}",
+          "run.name=run", "log.progress=false", "checkpoint.every=1",
+          "objective.kind=gardo", "objective.reset_every=1", "objective.beta_kl=0.04",
+        "policy.lora={rank: 2, alpha: 4, names: [train, old, ref]}", "rewards={shapes: 1.0, shapes_clean: 0.0}"]
+    t = Trainer(load_config(None, ov))
+    out = t.run()
+    assert out["state"]["global_step"] > 0
+    st = t.parts.objective_state
+    assert st["refreshes"] >= 1 and "fraction" in st
+    train, ref = t.policy.adapter_state_dict("train"), t.policy.adapter_state_dict("ref")
+    assert all(torch.equal(train[k], ref[k]) for k in train)          # refreshed after the last iteration
+    tensors, _ = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert set(tensors) >= {"train", "old", "ref"}
+    with pytest.raises(ValueError, match="ref"):
+        Trainer(load_config(None, ov[:-2] + ["rewards={shapes: 1.0, shapes_clean: 0.0}",
+                                             "run.name=noref"])).run()

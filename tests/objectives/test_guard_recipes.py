@@ -1,6 +1,7 @@
 """The guard recipes (configs/toy/guards/<base>_<guard>.yaml, base = the first word) are their base recipe
-(configs/toy/<base>.yaml) with only the objective and the run name changed, so a retuned base is noticed here; a
-wrapped objective is the base's own with its KL to the base removed (the guard replaces it)."""
+(configs/toy/<base>.yaml) with only the objective and the run name changed (GARDO also adds its "ref" adapter and
+an auxiliary weight-0 reward), so a retuned base is noticed here; a wrapped objective is the base's own with its
+KL to the base removed (the guard replaces it)."""
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,15 @@ def test_there_are_guard_recipes_for_grpo_and_nft():
 def test_guard_recipe_is_its_base_with_another_objective(guard):
     g, b = read_yaml_file(guard), read_yaml_file(base_of(guard))
     assert set(g) == set(b)
-    for section in set(g) - {"objective", "run"}:
+    own = {"objective", "run"} | ({"policy", "rewards"} if g["objective"]["kind"] == "gardo" else set())
+    for section in set(g) - own:
         assert g[section] == b[section], f"{guard.name}: section {section!r} differs from {base_of(guard).name}"
     assert {k: v for k, v in g["run"].items() if k != "name"} == {k: v for k, v in b["run"].items() if k != "name"}
     assert g["run"]["name"] != b["run"]["name"]
     if g["objective"]["kind"] == "normguard":
         assert g["objective"]["inner"] == {**b["objective"], "beta_kl": 0.0}
+    elif g["objective"]["kind"] == "gardo":        # its KL (gated, to a refreshable "ref") is the guard
+        assert "ref" in g["policy"]["lora"]["names"] and any(r["weight"] == 0 for r in g["rewards"].values())
     else:
         assert b["objective"]["kind"] == "grpo" and g["objective"].get("beta_kl", 0.0) == 0.0
     cfg = load_config(guard)
