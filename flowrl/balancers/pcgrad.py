@@ -73,18 +73,20 @@ def random_orders(K: int, gen: torch.Generator) -> list[list[int]]:
 
 def pcgrad_coefficients(gram: Tensor, orders: list[list[int]]) -> tuple[Tensor, int]:
     """C (K, K) float64 with g_i' = Σ_k C_ik g_k after PCGrad's sequential projections in ``orders``, and the
-    number of projections made. Non-finite rows/columns of the Gram count as zero gradients."""
+    number of projections made. Non-finite rows/columns of the Gram, and gradients with |g_j|² ≤ 1e-24·max_k |g_k|²
+    (as MARBLE), count as zero gradients: projecting onto a vanishing g_j would put an unbounded coefficient on it."""
     G = torch.nan_to_num(gram.double(), nan=0.0, posinf=0.0, neginf=0.0)
     K = G.shape[0]
     if G.shape != (K, K) or len(orders) != K:
         raise ValueError(f"gram must be square (K, K) with one order per task, got {tuple(G.shape)} and "
                          f"{len(orders)} orders")
     C = torch.eye(K, dtype=torch.float64)
+    floor = 1e-24 * float(torch.diagonal(G).max().clamp(min=0)) if K else 0.0
     projections = 0
     for i in range(K):
         for j in orders[i]:
             dot = float(C[i] @ G[:, j])
-            if dot < 0 and G[j, j] > 0:
+            if dot < 0 and G[j, j] > floor and G[j, j] > 0:
                 C[i, j] -= dot / float(G[j, j])
                 projections += 1
     return C, projections

@@ -145,3 +145,11 @@ def test_one_backward_gives_pcgrad_direction_through_nft():
     direct = direct_pcgrad(gk, orders)
     assert float(diag["projections"]) >= 1
     torch.testing.assert_close(grad(adv) * float(diag["scale"]), direct, rtol=1e-4, atol=1e-6)
+
+
+def test_a_vanishing_gradient_is_not_projected_onto():
+    from flowrl.balancers.pcgrad import pcgrad_coefficients
+
+    g = torch.tensor([[1.0, 0.0], [-1e-38, 1e-40]], dtype=torch.float64)    # g_1 opposes g_0 but is ~0
+    C, n = pcgrad_coefficients(g @ g.T, [[1], [0]])
+    assert torch.isfinite(C).all() and float(C.abs().max()) <= 1.0 + 1e-12

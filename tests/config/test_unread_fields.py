@@ -20,8 +20,6 @@ ALLOWED = {
     # weights come from a checkpoint only in real runs; tiny policies are built from config objects
     "policy.path": "read by from_pretrained (real checkpoints); tiny runs build from config",
     "policy.dtype": "read by from_pretrained (real checkpoints); tiny runs build from config",
-    # faults: read only when they happen (tests/trainer/test_nonfinite.py covers them)
-    "train.max_skipped": "read when an update is skipped for a non-finite value",
     # the accelerator is passed in below (one CPU process)
     "run.mixed_precision": "read by make_accelerator; the test passes its own CPU accelerator",
     "run.cpu": "read by make_accelerator; the test passes its own CPU accelerator",
