@@ -55,6 +55,14 @@ def per_reward_advantages(R: Tensor, group_ids: Tensor, std: str = "group", eps:
     return torch.stack(cols, dim=1)
 
 
+def weighted_total(R: Tensor, w: Tensor) -> Tensor:
+    """S_i = Σ_{k: R_ik finite} w_k R_ik in float64 (float32 sums overflow near 3e38), NaN where no reward
+    applies: (N,)."""
+    Rd = R.double()
+    S = torch.where(torch.isfinite(Rd), Rd * w.double(), torch.zeros_like(Rd)).sum(dim=1)
+    return torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
+
+
 def any_finite(R: Tensor) -> Tensor:
     """(N,) bool: the sample has at least one applicable reward."""
     return torch.isfinite(R).any(dim=1)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import median_advantages, saturate
-from flowrl.balancers.common import any_finite, check_inputs, on_cpu
+from flowrl.balancers.common import check_inputs, on_cpu, weighted_total
 
 
 @dataclass
@@ -34,9 +34,7 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
             cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights).double()
-    Rd = R.double()                                # float32 sums overflow near 3e38
-    S = torch.where(torch.isfinite(Rd), Rd * w, torch.zeros_like(Rd)).sum(dim=1)
-    S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
+    S = weighted_total(R, w)
     adv, keep = median_advantages(S, group_ids, mad_eps=cfg.mad_eps, compensate=cfg.compensate)
     adv = saturate(torch.where(keep, adv, torch.full_like(adv, float("nan"))), R.dtype)
     return adv, {"dropped_median": (~keep & torch.isfinite(S)).float().sum()}

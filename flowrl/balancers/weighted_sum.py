@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import StdMode, finite_std, group_advantages, saturate
-from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu
+from flowrl.balancers.common import alpha_diagnostics, check_inputs, on_cpu, weighted_total
 from flowrl.config.validate import check_range
 
 
@@ -40,9 +40,7 @@ def balance(R: Tensor, group_ids: Tensor, weights=None, state: dict | None = Non
             cfg: Config | None = None, services=None) -> tuple[Tensor, dict]:
     cfg = cfg or Config()
     w = check_inputs(R, group_ids, weights).double()
-    Rd = R.double()                                # float32 sums overflow near 3e38
-    S = torch.where(torch.isfinite(Rd), Rd * w, torch.zeros_like(Rd)).sum(dim=1)
-    S = torch.where(any_finite(R), S, torch.full_like(S, float("nan")))
+    S = weighted_total(R, w)
     adv = saturate(group_advantages(S, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased), R.dtype)
     return adv, {"combined_reward_mean": torch.nanmean(S).detach(), **effective_weights(R, w, cfg.unbiased)}
 
