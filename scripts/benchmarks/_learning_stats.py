@@ -73,13 +73,20 @@ def _xy(point, x: str, y: str) -> tuple[float | None, float | None]:
     return finite(point[0]), finite(point[1])
 
 
-def nfe_ratio(reference: dict, candidate: dict, metric: str = "strict") -> float | None:
+def nfe_ratio(reference: dict, candidate: dict, metric: str = "strict", gain: bool = False) -> float | None:
     """reference's final rollout NFEs ÷ the NFEs ``candidate`` needs to first reach reference's final mean
-    ``metric`` (both ``aggregate`` results, on the mean curves); None when never reached or reached at 0 NFEs."""
+    ``metric`` (both ``aggregate`` results, on the mean curves); None when never reached or reached at 0 NFEs.
+    With ``gain``, both curves are measured from their own first point (for methods evaluated at different
+    guidance, whose starting accuracies differ)."""
     target = reference["after"].get(f"{metric}_mean")
     if target is None:
         return None
-    reach = nfe_to_reach(candidate["curve"], target, y=metric)
+    curve = candidate["curve"]
+    if gain:
+        target -= reference["curve"][0][f"{metric}_mean"]
+        start = curve[0][f"{metric}_mean"]
+        curve = [{**p, f"{metric}_mean": p[f"{metric}_mean"] - start} for p in curve]
+    reach = nfe_to_reach(curve, target, y=metric)
     budget = reference["after"].get("rollout_nfe_mean")
     return budget / reach if reach and budget else None
 

@@ -178,8 +178,11 @@ def main(argv: list[str]) -> dict:
               "overrides": list(args.overrides),
               "methods": {name: method_summary(aggs[name], rs) for name, rs in runs.items()}}
     for metric, suffix in (("strict", ""), ("partial", "_partial")):
-        ratio = lib.nfe_ratio(aggs["grpo"], aggs["nft"], metric) if {"grpo", "nft"} <= aggs.keys() else None
-        result[f"nft_nfe_to_grpo_final{suffix}"] = r(ratio, 2)
+        both = {"grpo", "nft"} <= aggs.keys()
+        result[f"nft_nfe_to_grpo_final{suffix}"] = (
+            r(lib.nfe_ratio(aggs["grpo"], aggs["nft"], metric), 2) if both else None)
+        result[f"nft_nfe_to_grpo_final_gain{suffix}"] = (
+            r(lib.nfe_ratio(aggs["grpo"], aggs["nft"], metric, gain=True), 2) if both else None)
     out = Path(args.out) if args.out else None
     if args.plot:
         stem = out.with_suffix("") if out is not None else Path(args.run_dir) / "learning"

@@ -215,3 +215,13 @@ def test_run_recipe_counts_closed_form_nfes_and_reuses_before(tmp_path):
     assert second["before"] == first["before"]
     assert not (Path(second["run_dir"]) / "eval" / "before").exists()
     assert first["after"]["strict"] is not None and "detect/edge_density" in first["after"]
+
+
+def test_nfe_ratio_on_gains_measures_each_curve_from_its_own_start():
+
+    ref = {"after": {"strict_mean": 0.40, "rollout_nfe_mean": 100.0},
+           "curve": [{"rollout_nfe_mean": 0.0, "strict_mean": 0.34}, {"rollout_nfe_mean": 100.0, "strict_mean": 0.40}]}
+    cand = {"curve": [{"rollout_nfe_mean": 0.0, "strict_mean": 0.29}, {"rollout_nfe_mean": 50.0, "strict_mean": 0.35},
+                      {"rollout_nfe_mean": 100.0, "strict_mean": 0.38}]}
+    assert lib.nfe_ratio(ref, cand) is None                     # never reaches 0.40 in absolute terms
+    assert lib.nfe_ratio(ref, cand, gain=True) == 2.0          # reaches the +0.06 gain at 50 NFEs
