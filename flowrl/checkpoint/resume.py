@@ -46,23 +46,40 @@ class RunState:
     objective_state: dict
     window: Any
     loop: Any                          # flowrl.training.state.LoopState
+    sharding: Any = None               # flowrl.distributed.fsdp.Sharding of a sharded (FSDP) run
 
 
 def save_run(run_dir: Path, s: RunState, keep: int, dist) -> Path | None:
-    """Write a checkpoint of the current iteration (main process), then wait for every process."""
+    """Write a checkpoint of the current iteration (main process), then wait for every process. A sharded run
+    gathers full tensors first, every process taking part, so the checkpoint is the one a single process
+    writes."""
     path = None
+    if dist.is_main or s.sharding is not None:
+        tensors, extra = snapshot(s, keep=dist.is_main)
     if dist.is_main:
-        tensors = {name: s.policy.adapter_state_dict(name) for name in s.policy.weight_sets()}
-        extra = {"optimizer": s.optimizer.state_dict(), "loop": s.loop.as_dict(),
-                 "balancer": dict(s.balancer_state), "objective": dict(s.objective_state),
-                 "window": s.window.state_dict(), "rng": capture_rng_state()}
-        if s.ema is not None:
-            ema = s.ema.state_dict()
-            tensors["ema"] = {f"{i:05d}": t for i, t in enumerate(ema.pop("shadow"))}
-            extra["ema"] = ema
+        extra.update({"loop": s.loop.as_dict(), "balancer": dict(s.balancer_state),
+                      "objective": dict(s.objective_state), "window": s.window.state_dict(),
+                      "rng": capture_rng_state()})
         path = save_checkpoint(run_dir, s.loop.iteration, tensors, extra, keep_last=keep)
     dist.barrier()
     return path
+
+
+def snapshot(s: RunState, keep: bool = True) -> tuple[dict, dict]:
+    """The weight sets, EMA shadow and optimizer state as full CPU tensors (``flowrl.distributed.fsdp``; sharded
+    tensors are gathered, a collective); a process that does not ``keep`` takes part and gets nothing."""
+    from flowrl.distributed import fsdp
+
+    tensors = {name: fsdp.full_tensors(s.policy.adapter_state_dict(name), keep) for name in s.policy.weight_sets()}
+    if s.sharding is not None:
+        extra = {"optimizer": fsdp.optimizer_state_dict(s.sharding, s.optimizer)}
+    else:
+        extra = {"optimizer": s.optimizer.state_dict()}
+    if s.ema is not None:
+        ema = s.ema.state_dict()
+        shadow = fsdp.full_tensors({f"{i:05d}": t for i, t in enumerate(ema.pop("shadow"))}, keep)
+        tensors["ema"], extra["ema"] = shadow, ema
+    return tensors, extra
 
 
 def load_run(run_dir: Path, s: RunState, dist) -> bool:
@@ -116,12 +133,22 @@ def restore(path: Path, s: RunState) -> None:
 
 
 def apply(tensors: dict, extra: dict, s: RunState) -> None:
-    """Put a checkpoint's tensors and state into the run's objects."""
+    """Put a checkpoint's tensors and state into the run's objects (a sharded run cuts each full tensor into
+    this process's chunk: the checkpoint is the same whether it was written sharded or not)."""
+    from flowrl.distributed import fsdp
+
+    sharded = s.sharding is not None
     for name in s.policy.weight_sets():                 # "train", "old" and extra adapters (GARDO's "ref")
-        s.policy.load_adapter_state_dict(tensors[name], name)
-    s.optimizer.load_state_dict(extra["optimizer"])
+        state = fsdp.shard_state(tensors[name], s.policy.adapter_state_dict(name)) if sharded else tensors[name]
+        s.policy.load_adapter_state_dict(state, name)
+    if sharded:
+        fsdp.load_optimizer_state_dict(s.sharding, s.optimizer, extra["optimizer"])
+    else:
+        s.optimizer.load_state_dict(extra["optimizer"])
     if s.ema is not None:
         shadow = [tensors["ema"][k] for k in sorted(tensors["ema"])]
+        if sharded:
+            shadow = [fsdp.shard_like(t, like) for t, like in zip(shadow, s.ema.shadow)] + shadow[len(s.ema.shadow):]
         s.ema.load_state_dict({**extra["ema"], "shadow": shadow})
     s.balancer_state.clear()
     s.balancer_state.update(extra["balancer"])

@@ -5,10 +5,11 @@
 Sections (reference E §3.7): ``run`` (name, output dir, seed, resume, precision), ``policy`` (tagged: POLICIES),
 ``data`` (prompt sets), ``sampler`` (steps, guidance, resolution, and the tagged ``kernel`` / ``window``),
 ``rewards`` (keyed by name, each ``{weight, reward?, kwargs, ...}`` as in ``rewards.compose``), ``advantage`` (group
-statistics + tagged ``balancer``), ``objective`` (tagged: OBJECTIVES), ``train``, ``eval``, ``checkpoint``, ``log``.
-A recipe holds only non-default values; defaults are the Flow-GRPO / DiffusionNFT published ones (reference A §2.2,
-B §1.7). Everything strict: an unknown key or a wrong type names the key, its file and the nearest valid key.
-The resolved config is written to ``<run dir>/config.yaml``; resume reads that file (``load_resolved``).
+statistics + tagged ``balancer``), ``objective`` (tagged: OBJECTIVES), ``train``, ``eval``, ``checkpoint``, ``log``,
+``dist`` (sharding). A recipe holds only non-default values; defaults are the Flow-GRPO / DiffusionNFT published
+ones (reference A §2.2, B §1.7). Everything strict: an unknown key or a wrong type names the key, its file and
+the nearest valid key. The resolved config is written to ``<run dir>/config.yaml``; resume reads that file
+(``load_resolved``).
 """
 from __future__ import annotations
 
@@ -246,6 +247,17 @@ class LogSection:
 
 
 @dataclass
+class DistSection:
+    """Sharding across processes (flowrl/distributed/fsdp.py, docs/training.md "Multi-GPU and multi-node")."""
+
+    fsdp: bool = False                # FSDP2 (torch fully_shard): each process holds 1/N of the transformer's
+                                      # weights, gradients and optimizer state; also on when accelerate's FSDP
+                                      # config is active
+    reshard_after_forward: bool = True   # free a block's gathered weights after its forward (ZeRO-3; rollouts
+                                         # and the frozen copies too); false keeps them until backward
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     policy: Any = plugin_field(POLICIES, "toy", common=PolicyLoad)
@@ -258,6 +270,7 @@ class RunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
+    dist: DistSection = field(default_factory=DistSection)
 
     @property
     def run_dir(self) -> Path:

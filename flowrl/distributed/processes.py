@@ -5,9 +5,10 @@ computes the same global list of N = prompts × group_size samples for an iterat
 iteration), rolls out and scores its contiguous slice ``local_slice(N)``, and the rewards are gathered so that
 advantages are computed over the whole batch on every process — a group may span processes. Gradients of the
 trainable parameters are averaged across processes before each optimizer step (``average_gradients``), which
-works whichever weights (LoRA adapter or full transformer) the policy calls. FSDP and DeepSpeed are selected in
-accelerate's own config files (``configs/accelerate/``); with them the trainable transformer is passed through
-``accelerator.prepare`` (``prepare_model``).
+works whichever weights (LoRA adapter or full transformer) the policy calls. A sharded run (``sharded``:
+``dist.fsdp`` or accelerate's FSDP config, more than one process) shards the transformers with FSDP2
+(``flowrl.distributed.fsdp``), whose backward already averages the gradients. DeepSpeed is refused: its engine
+would have to own the model and optimizer, which the loop keeps (docs/training.md "Multi-GPU and multi-node").
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False):
                           "run.cpu is false: each process would train the whole run alone into the same "
                           "directory. Set run.cpu=true to train on CPU processes (gloo), or make the GPUs "
                           "visible (drivers, CUDA_VISIBLE_DEVICES)")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise LaunchError("accelerate launched with a DeepSpeed config: flowrl does not run DeepSpeed (its engine "
+                          "would own the model and optimizer the loop keeps); shard with FSDP instead: "
+                          "dist.fsdp=true or --config_file configs/accelerate/fsdp.yaml")
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     if launched > 1 and acc.num_processes != launched:
         raise LaunchError(f"{launched} processes were launched (WORLD_SIZE={launched}) but accelerate joined "
@@ -61,11 +66,17 @@ def accelerator_available() -> bool:
 class Dist:
     """Process geometry and collectives, with a plain single-process fallback when ``accelerator`` is None."""
 
-    def __init__(self, accelerator=None):
+    def __init__(self, accelerator=None, fsdp: bool = False):
+        from flowrl.distributed.fsdp import accelerate_fsdp
+
         self.accelerator = accelerator
         self.rank = accelerator.process_index if accelerator else 0
         self.world = accelerator.num_processes if accelerator else 1
         self.device = accelerator.device if accelerator else torch.device("cpu")
+        wanted = fsdp or accelerate_fsdp(accelerator)
+        self.sharded = wanted and self.world > 1      # the policy's transformers are FSDP-sharded (parts.py)
+        if wanted and not self.sharded:
+            print("[flowrl] dist.fsdp: one process, nothing to shard; training unsharded", flush=True)
 
     @property
     def is_main(self) -> bool:
@@ -96,25 +107,13 @@ class Dist:
         return self.accelerator.reduce(t.to(self.device).clone(), reduction="sum").to(t.device)
 
     def average_gradients(self, params: list[nn.Parameter]) -> None:
-        """p.grad ← mean over processes (data-parallel SGD). No-op for one process or a wrapped backend."""
-        if self.world == 1 or self.backend_wraps_model:
+        """p.grad ← mean over processes (data-parallel SGD). No-op for one process, and when sharded: FSDP's
+        backward reduce-scatters the mean already."""
+        if self.world == 1 or self.sharded:
             return
         for p in params:
             if p.grad is not None:
                 p.grad.copy_(self.accelerator.reduce(p.grad, reduction="mean"))
-
-    @property
-    def backend_wraps_model(self) -> bool:
-        """True under FSDP / DeepSpeed, which shard and synchronise through their own wrappers."""
-        if self.accelerator is None:
-            return False
-        return self.accelerator.distributed_type.name in ("FSDP", "DEEPSPEED")
-
-    def prepare_model(self, module: nn.Module, optimizer):
-        """Pass the trainable module and optimizer through accelerate when a backend needs to wrap them."""
-        if not self.backend_wraps_model:
-            return module, optimizer
-        return self.accelerator.prepare(module, optimizer)
 
     def backward(self, loss: Tensor) -> None:
         """``loss.backward()`` through accelerate when present (gradient scaling under fp16)."""

@@ -98,6 +98,12 @@ class Policy(Protocol):
     def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute transformer activations in backward."""
 
+    # ---- sharding (FSDP, flowrl.distributed.fsdp) ------------------------------------------------------------
+    def shard_units(self) -> list[tuple[nn.Module, list[nn.Module]]]:
+        """(transformer, its blocks) for every transformer the policy holds: the trainable one (with its LoRA
+        adapters) first, then any frozen copy ("old", the base in full fine-tune). Each block is one FSDP unit,
+        the transformer's remaining layers another."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Shared mechanics for the diffusers-backed policies (sd3, flux, wan). One level of inheritance;
@@ -162,6 +168,7 @@ class PolicyBase:
 
     family: str = ""
     default_guidance: float = 1.0
+    shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
 
     @property
     def transformer(self) -> nn.Module:
@@ -208,6 +215,12 @@ class PolicyBase:
         """Route ``velocity`` through ``wrapped`` (what ``accelerator.prepare(policy.transformer)`` returned:
         DDP / FSDP) so gradients synchronise; adapter switching still acts on the same underlying modules."""
         self.weights.forward_module = wrapped
+
+    def shard_units(self) -> list[tuple[nn.Module, list[nn.Module]]]:
+        """(transformer, its blocks) for every transformer of ``self.weights`` (``Policy.shard_units``); the
+        blocks are the modules of the family's ``shard_blocks`` lists."""
+        return [(m, [block for attr in self.shard_blocks for block in getattr(m, attr)])
+                for m in self.weights.modules()]
 
     def enable_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute transformer activations in backward (diffusers' per-block checkpointing)."""

@@ -79,6 +79,7 @@ class FluxPolicy(PolicyBase):
 
     family = "flux"
     pipeline_class = "FluxPipeline"
+    shard_blocks = ("transformer_blocks", "single_transformer_blocks")   # FSDP units: both block lists
     spec = SPEC
     config_class = Config
 

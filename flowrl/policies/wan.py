@@ -62,6 +62,7 @@ class WanPolicy(PolicyBase):
 
     family = "wan"
     pipeline_class = "WanPipeline"
+    shard_blocks = ("blocks",)          # FSDP units: the transformer's blocks
     spec = SPEC
     config_class = Config
 

@@ -53,6 +53,11 @@ class TransformerWeights:
         third, "ref", a refreshable reference for GARDO) and the base."""
         return [*self.lora_config.names, None] if self.is_lora else [TRAIN, *self._copies]
 
+    def modules(self) -> list[nn.Module]:
+        """Every transformer that holds a weight set: the trainable one (with its LoRA adapters) first, then the
+        frozen full fine-tune copies ("old", the base)."""
+        return [self.transformer, *self._copies.values()]
+
     def module(self) -> nn.Module:
         """The module to call for the active weight set."""
         if self.is_lora or self.active == TRAIN:

@@ -1,7 +1,9 @@
 """The evaluation stage: held-out prompts × ``eval.seeds`` sampled with the deterministic ODE on the "train"
 weights (the eval EMA swapped in when enabled, Flow-GRPO's practice, reference A §2.4), scored with the training
 rewards and the ``eval.held_out`` monitors; grids + ``metrics.jsonl`` + ``index.html`` go to
-``<run dir>/eval/<tag>/`` (``flowrl.eval.run_eval``). Only the main process evaluates.
+``<run dir>/eval/<tag>/`` (``flowrl.eval.run_eval``). Only the main process evaluates, except in a sharded
+(FSDP) run, where every process samples (the transformer's forwards are collectives) and only the main one
+writes and logs.
 
 Every evaluation also reports the hacking detectors (``eval/detect/*``, ``eval/diversity``) and the RMS of the
 velocity per ODE step on the fixed evaluation noise (``eval/velocity_rms/mean``; RL inflates it under NFT, AWM
@@ -11,6 +13,7 @@ when a statistic leaves its band around it (``flowrl.eval.drift``); a resumed ru
 """
 from __future__ import annotations
 
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,22 +90,33 @@ class Evaluator:
         self.base = next((r for r in recs if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), None)
 
     def evaluate(self, step: int, tag: str, logger) -> dict:
+        """Evaluate on the main process (``<run dir>/eval/<tag>/``, logged); in a sharded run every other
+        process runs the same evaluation too — each transformer call is a collective — into a scratch
+        directory that is deleted, and logs nothing."""
+        summary: dict = {}
+        if self.dist.is_main:
+            summary = self.sample_and_score(step, tag, self.run_dir / "eval" / tag)
+            logger.log(summary, step=step)
+        elif self.dist.sharded:
+            with tempfile.TemporaryDirectory(prefix="flowrl-eval-") as scratch:
+                self.sample_and_score(step, tag, Path(scratch))
+        self.dist.barrier()
+        return summary
+
+    def sample_and_score(self, step: int, tag: str, out_dir: Path) -> dict:
+        """One evaluation into ``out_dir``: its summary (the first one is the drift alarms' base)."""
         from flowrl.eval import run_eval
 
         e, s = self.e, self.s
-        summary: dict = {}
-        if self.dist.is_main:
-            items = self.prompts.fixed(e.num_prompts)
-            meter = VelocityMeter(self.policy)
-            with ema_weights(self.ema):
-                summary = run_eval({"trained": (meter, "train")}, [p for p, _ in items], [m for _, m in items],
-                                   e.seeds, self.rewards(), self.run_dir / "eval" / tag, steps=s.eval_steps,
-                                   guidance=self.guidance, height=s.height, width=s.width, num_frames=s.num_frames,
-                                   batch_size=e.batch, rows_per_page=e.grid_prompts, step=step,
-                                   title=f"{self.run_name}: {tag}", base_stats=self.base)
-            summary["eval/velocity_rms/mean"] = meter.mean()
-            if self.base is None:
-                self.base = summary
-            logger.log(summary, step=step)
-        self.dist.barrier()
+        items = self.prompts.fixed(e.num_prompts)
+        meter = VelocityMeter(self.policy)
+        with ema_weights(self.ema):
+            summary = run_eval({"trained": (meter, "train")}, [p for p, _ in items], [m for _, m in items],
+                               e.seeds, self.rewards(), out_dir, steps=s.eval_steps,
+                               guidance=self.guidance, height=s.height, width=s.width, num_frames=s.num_frames,
+                               batch_size=e.batch, rows_per_page=e.grid_prompts, step=step,
+                               title=f"{self.run_name}: {tag}", base_stats=self.base)
+        summary["eval/velocity_rms/mean"] = meter.mean()
+        if self.base is None:
+            self.base = summary
         return summary

@@ -2,8 +2,9 @@
 
 ``build_parts(cfg, dist)`` loads the policy (POLICIES), the reward set (REWARDS via ``rewards.RewardSet``), the
 objective (OBJECTIVES) with its Config, the rollout kernel and window (KERNELS, WINDOWS), the balancer
-(BALANCERS), the AdamW optimizer, the eval EMA and the prompt datasets. The stages in ``flowrl.training`` take
-the parts they use; the loop never names a model, reward, sampler, balancer or objective.
+(BALANCERS), the AdamW optimizer, the eval EMA and the prompt datasets; a sharded run's policy is FSDP-sharded
+before the optimizer is built (``shard``). The stages in ``flowrl.training`` take the parts they use; the loop
+never names a model, reward, sampler, balancer or objective.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Parts:
     eval_prompts: Any
     balancer_state: dict = field(default_factory=dict)      # the balancer's own (MARBLE's α-EMA)
     objective_state: dict = field(default_factory=dict)     # the objective's own (end_iteration hooks)
+    sharding: Any = None                 # flowrl.distributed.fsdp.Sharding when the run is sharded (FSDP)
 
 
 def build_policy(cfg: RunConfig, device) -> Any:
@@ -60,7 +62,12 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
     objective = get_objective(cfg.objective.kind, cfg.objective.config)
     kernel = KERNELS.get(cfg.sampler.kernel.kind)
     objective.TRAINS_ON.check_kernel(cfg.objective.kind, kernel)
+    if dist.sharded:
+        from flowrl.distributed.fsdp import check_shardable
+
+        check_shardable(cfg)                 # before the policy loads
     policy = policy if policy is not None else build_policy(cfg, dist.device)
+    sharding = shard(cfg, dist, policy)
     params = list(policy.trainable_parameters())
     t = cfg.train
     optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay, eps=t.eps)
@@ -71,5 +78,15 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
         objective=objective, objective_cfg=cfg.objective.config, kernel=kernel, window=window,
         balancer=get_balancer(cfg.advantage.balancer.kind), optimizer=optimizer, params=params, ema=ema,
         train_prompts=load_prompts(cfg.data.train, cfg.run.seed),
-        eval_prompts=load_prompts(cfg.data.eval, cfg.run.seed),
+        eval_prompts=load_prompts(cfg.data.eval, cfg.run.seed), sharding=sharding,
     )
+
+
+def shard(cfg: RunConfig, dist, policy):
+    """FSDP2 over the policy's transformers when the run is sharded (``dist.sharded``), before the optimizer and
+    the EMA see the parameters (sharding replaces them); None otherwise."""
+    if not dist.sharded:
+        return None
+    from flowrl.distributed.fsdp import shard_policy
+
+    return shard_policy(policy, dist.device, dist.world, cfg.dist.reshard_after_forward, cfg.run.mixed_precision)

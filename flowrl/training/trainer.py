@@ -44,8 +44,9 @@ class Trainer:
         from flowrl.training.parts import build_parts
 
         self.cfg = cfg
-        self.dist = _dist.Dist(accelerator if accelerator is not None
-                               else _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu))
+        if accelerator is None:
+            accelerator = _dist.make_accelerator(cfg.run.mixed_precision, cfg.run.cpu)
+        self.dist = _dist.Dist(accelerator, fsdp=cfg.dist.fsdp)          # fsdp: the policy is sharded (parts.py)
         check_geometry(cfg, self.dist.world)
         check_startable(cfg)                     # rewards, resolution, prompt files, policy path: before loading
         seed_global_rngs(cfg.run.seed)           # LoRA init and anything else drawn from the global RNGs
@@ -69,7 +70,7 @@ class Trainer:
         self.evaluator = Evaluator(p.policy, p.ema, cfg.eval, cfg.sampler, p.eval_prompts, p.rewards, self.dist,
                                    cfg.run_dir, cfg.run.name, self.rollout.guidance)
         self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.objective_state, p.window,
-                                  self.state)
+                                  self.state, p.sharding)
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:

@@ -8,8 +8,10 @@ the objective's sample source turns a micro-batch into its TrainBatches (one per
     g ← mean over processes;  clip ‖g‖ ≤ train.max_grad_norm;  AdamW step;  eval-EMA update
 
 A non-finite loss (or gradient norm) on any process skips that optimizer step on every process and names the
-loss terms that were non-finite. ``RewardGradients`` is the loop's ``reward_gram`` service for balancers
-(``flowrl.balancers.services``), built on the same loss.
+loss terms that were non-finite. Sharded (FSDP), every process makes the same number of forward/backward passes
+per step, padding with zero-weight passes where it has fewer micro-batches (``Updater.accumulate``).
+``RewardGradients`` is the loop's ``reward_gram`` service for balancers (``flowrl.balancers.services``), built on
+the same loss.
 """
 from __future__ import annotations
 
@@ -83,18 +85,37 @@ class Updater:
         return stats
 
     def accumulate(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats) -> list[str]:
-        """Backward every micro-batch of ``chunk``; the names of non-finite loss terms (empty when all finite)."""
-        for m, mb in enumerate(chunk.split(self.t.micro_batch)):
-            batches = self.train_batches(samples, adv, mb, update_generator(*key, m))
+        """Backward every micro-batch of ``chunk``; the names of non-finite loss terms (empty when all finite).
+
+        Unsharded it stops at the first non-finite loss. Sharded, each forward and backward is a collective, so
+        every process makes the same number of passes (``passes``): its micro-batches, then zero-weight passes on
+        its first row with advantage 0 where another process has more (samples left out unevenly), and after a
+        non-finite loss it goes on with zero weight (the step is then skipped on every process)."""
+        mbs = list(chunk.split(self.t.micro_batch))
+        bad: list[str] = []
+        for m in range(self.passes(len(mbs))):
+            real = m < len(mbs)
+            mb = mbs[m] if real else torch.zeros(1, dtype=torch.long)
+            batches = self.train_batches(samples, adv if real else torch.zeros_like(adv), mb,
+                                         update_generator(*key, m))
             for batch in batches:
                 with self.dist.autocast():
                     out = self.loss(batch)
-                bad = nonfinite_terms(out.loss, out.metrics)
-                if bad:
+                bad = bad or (nonfinite_terms(out.loss, out.metrics) if real else [])
+                if bad and not self.dist.sharded:
                     return bad
-                self.dist.backward(out.loss * (mb.numel() / chunk.numel() / len(batches)))
-                stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
-        return []
+                weight = mb.numel() / chunk.numel() / len(batches) if real and not bad else 0.0
+                self.dist.backward(out.loss * weight)
+                if weight:
+                    stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
+        return bad
+
+    def passes(self, micro_batches: int) -> int:
+        """Forward/backward passes of one optimizer step: this process's micro-batches, or, sharded, the most
+        any process has (a gather of one number)."""
+        if not self.dist.sharded:
+            return micro_batches
+        return int(self.dist.gather(torch.tensor([micro_batches])).max())
 
     def step(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats, global_step: int) -> None:
         """Accumulate the chunk's gradients and take one optimizer step (or skip it on every process)."""
@@ -133,10 +154,31 @@ def gram_rows(A: Tensor, size: int) -> Tensor:
     return torch.tensor(sorted((picked + rest)[:max(size, len(picked))]), dtype=torch.long)
 
 
+def sharded_gradient_gram(loss_of, A_k: Tensor, params: list, dist) -> Tensor:
+    """``marble.gradient_gram`` for FSDP-sharded parameters. ``torch.autograd.grad`` cannot differentiate with
+    respect to them (the forward runs on gathered copies), so each g_k comes from ``backward``, which leaves in
+    every process the chunk of the process-mean gradient it owns; G = Σ_processes g_chunk g_chunkᵀ is then the
+    Gram of the process-mean gradients, as ``gradient_gram(..., reduce=mean)`` computes it unsharded. The
+    parameters' ``.grad`` is cleared before and after (each optimizer step starts from zero anyway)."""
+    params = [p for p in params if p.requires_grad]
+    rows = []
+    for k in range(A_k.shape[1]):
+        for p in params:
+            p.grad = None
+        loss_of(torch.nan_to_num(A_k[:, k], nan=0.0), torch.isfinite(A_k[:, k])).backward()
+        chunks = [(p.grad if p.grad is not None else torch.zeros_like(p)).to_local() for p in params]
+        flat = torch.cat([c.flatten().double() for c in chunks])
+        rows.append(torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0))
+    for p in params:
+        p.grad = None
+    g = torch.stack(rows)
+    return dist.sum(g @ g.T).cpu()
+
+
 class RewardGradients:
     """The ``reward_gram`` service of one iteration: K backward passes of the objective on one micro-batch of this
     process (``gram_rows``: every applicable reward represented; its first stored step / training σ), one per
-    reward's advantages, averaged over processes."""
+    reward's advantages, averaged over processes (``sharded_gradient_gram`` when the policy is FSDP-sharded)."""
 
     def __init__(self, updater: Updater, samples, iteration: int):
         self.updater, self.samples, self.iteration = updater, samples, iteration
@@ -153,4 +195,6 @@ class RewardGradients:
         def loss_of(adv: Tensor, mask: Tensor) -> Tensor:
             return up.loss(dataclasses.replace(batch, advantages=adv, mask=mask)).loss
 
+        if up.dist.sharded:
+            return sharded_gradient_gram(loss_of, A_local[idx], up.params, up.dist)
         return gradient_gram(loss_of, A_local[idx], up.params, reduce=up.dist.mean)

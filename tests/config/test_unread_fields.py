@@ -36,6 +36,8 @@ CONDITIONAL = [
     ("objective.inner.kl_form", lambda c: getattr(c.objective.config.inner.config, "beta_kl", 0) > 0,
      "a wrapped objective's KL form matters only with β_KL > 0"),
     ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
+    ("dist.reshard_after_forward", lambda c: c.dist.fsdp,
+     "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
 ]
 FAMILY_OVERRIDES = {
     "toy": [],
