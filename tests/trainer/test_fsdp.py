@@ -5,9 +5,6 @@ One torchrun launch runs every two-process case in one process group (fixture ``
 run here before (``grpo_one``, whose checkpoint a sharded run resumes) and after it (``grpo_one_from_fsdp``,
 a sharded run's checkpoint resumed on one process).
 """
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,25 +13,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fsdp_worker  # noqa: E402
+from launchers import torchrun  # noqa: E402
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_resumed", "grpo_fsdp_from_one", "nft_full_fsdp",
                      "nft_full_ddp", "nft_full_fsdp_resumed", "uneven_fsdp", "uneven_ddp", "nan_loss_fsdp",
                      "bf16_fsdp", "fp32_fsdp"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(*args: str, timeout: int = 600) -> None:
-    """``torchrun --nproc_per_node 2`` on CPU (one thread a process), checked."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(free_port()), *args]
-    subprocess.run(cmd, check=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
