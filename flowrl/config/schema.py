@@ -255,6 +255,9 @@ class DistSection:
                                       # config is active
     reshard_after_forward: bool = True   # free a block's gathered weights after its forward (ZeRO-3; rollouts
                                          # and the frozen copies too); false keeps them until backward
+    reduce_per_step: bool = True      # reduce-scatter gradients once per optimizer step, accumulated unsharded
+                                      # over its micro-batches (the unsharded run's arithmetic, bit for bit);
+                                      # false: after every backward (only gradient chunks are ever held)
 
 
 @dataclass

@@ -6,11 +6,13 @@ Sharding (``shard_policy``, ZeRO-3 in FSDP2's form): for every transformer the p
 base copies) each block is ``fully_shard``-ed, then the transformer itself (embeddings and output layers). Process
 r of N keeps the r-th dim-0 chunk of every parameter, of its gradient and of its AdamW moments; a unit's full
 weights exist only while it runs (all-gathered before its forward, freed after it when
-``dist.reshard_after_forward``, gathered again for its backward). Backward reduce-scatters every gradient as its
-mean over the N processes — the mean ``Dist.average_gradients`` takes without FSDP, which therefore does not
-average again. With ``run.mixed_precision`` bf16 / fp16 the blocks compute in that dtype and gradients are
-reduced in float32 (``mixed_precision_policies``); "no" leaves every dtype as loaded. Text encoders, VAE and
-reward models are not sharded (frozen, used outside the transformer).
+``dist.reshard_after_forward``, gathered again for its backward). Gradients are reduce-scattered as their mean
+over the N processes — the mean ``Dist.average_gradients`` takes without FSDP, which therefore does not average
+again — once per optimizer step after accumulating unsharded over its passes (``dist.reduce_per_step``: the
+unsharded run's arithmetic), or after every backward (only gradient chunks are ever held). With
+``run.mixed_precision`` bf16 / fp16 the blocks compute in that dtype and gradients are reduced in float32
+(``mixed_precision_policies``); "no" leaves every dtype as loaded. Text encoders, VAE and reward models are not
+sharded (frozen, used outside the transformer).
 
 Collectives: a forward of a sharded transformer all-gathers, and every process must join, so every process
 makes the same number of transformer calls — equal rollout slices, evaluation on every process.
@@ -74,14 +76,22 @@ def check_shardable(cfg) -> None:
 
 @dataclass
 class Sharding:
-    """What ``shard_policy`` did: the trainable transformer (it holds the optimizer's parameters) and the mesh."""
+    """What ``shard_policy`` did: the trainable transformer (it holds the optimizer's parameters), the mesh, and
+    whether gradients are reduce-scattered once per optimizer step (``dist.reduce_per_step``)."""
 
     module: nn.Module
     mesh: object
+    reduce_per_step: bool = True
+
+    def gradient_sync(self, last: bool) -> None:
+        """Before a backward: reduce-scatter its gradients if it is the step's ``last`` pass or
+        ``reduce_per_step`` is off; otherwise they accumulate unsharded on this process, as the unsharded run
+        accumulates them before its all-reduce (the same arithmetic, bit for bit)."""
+        self.module.set_requires_gradient_sync(last or not self.reduce_per_step)
 
 
 def shard_policy(policy, device: torch.device, world: int, reshard_after_forward: bool = True,
-                 mixed_precision: str = "no") -> Sharding:
+                 mixed_precision: str = "no", reduce_per_step: bool = True) -> Sharding:
     """``fully_shard`` every block of every transformer of ``policy`` (``policy.shard_units()``), then the
     transformer, over a 1-D mesh of ``world`` processes. Call before an optimizer sees the parameters:
     sharding replaces them with DTensor parameters (this process's chunks)."""
@@ -100,7 +110,7 @@ def shard_policy(policy, device: torch.device, world: int, reshard_after_forward
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=block_mp)
         fully_shard(transformer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)
-    return Sharding(units[0][0], mesh)
+    return Sharding(units[0][0], mesh, reduce_per_step)
 
 
 # ---------------------------------------------------------------------------------------- full tensors

@@ -75,6 +75,7 @@ class Dist:
         self.device = accelerator.device if accelerator else torch.device("cpu")
         wanted = fsdp or accelerate_fsdp(accelerator)
         self.sharded = wanted and self.world > 1      # the policy's transformers are FSDP-sharded (parts.py)
+        self.sharding = None                          # flowrl.distributed.fsdp.Sharding, once they are
         if wanted and not self.sharded:
             print("[flowrl] dist.fsdp: one process, nothing to shard; training unsharded", flush=True)
 

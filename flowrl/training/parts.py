@@ -84,9 +84,13 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
 
 def shard(cfg: RunConfig, dist, policy):
     """FSDP2 over the policy's transformers when the run is sharded (``dist.sharded``), before the optimizer and
-    the EMA see the parameters (sharding replaces them); None otherwise."""
+    the EMA see the parameters (sharding replaces them); also ``dist.sharding`` (the update stage's gradient
+    reductions). None otherwise."""
     if not dist.sharded:
         return None
     from flowrl.distributed.fsdp import shard_policy
 
-    return shard_policy(policy, dist.device, dist.world, cfg.dist.reshard_after_forward, cfg.run.mixed_precision)
+    d = cfg.dist
+    dist.sharding = shard_policy(policy, dist.device, dist.world, d.reshard_after_forward, cfg.run.mixed_precision,
+                                 d.reduce_per_step)
+    return dist.sharding

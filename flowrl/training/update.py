@@ -92,22 +92,34 @@ class Updater:
         its first row with advantage 0 where another process has more (samples left out unevenly), and after a
         non-finite loss it goes on with zero weight (the step is then skipped on every process)."""
         mbs = list(chunk.split(self.t.micro_batch))
-        bad: list[str] = []
-        for m in range(self.passes(len(mbs))):
+        passes, bad = self.passes(len(mbs)), []
+        for m in range(passes):
             real = m < len(mbs)
             mb = mbs[m] if real else torch.zeros(1, dtype=torch.long)
             batches = self.train_batches(samples, adv if real else torch.zeros_like(adv), mb,
                                          update_generator(*key, m))
-            for batch in batches:
-                with self.dist.autocast():
-                    out = self.loss(batch)
-                bad = bad or (nonfinite_terms(out.loss, out.metrics) if real else [])
+            for j, batch in enumerate(batches):
+                weight = mb.numel() / chunk.numel() / len(batches) if real else 0.0
+                bad = self.backward_pass(batch, weight, bad, m == passes - 1 and j == len(batches) - 1, stats)
                 if bad and not self.dist.sharded:
                     return bad
-                weight = mb.numel() / chunk.numel() / len(batches) if real and not bad else 0.0
-                self.dist.backward(out.loss * weight)
-                if weight:
-                    stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
+        return bad
+
+    def backward_pass(self, batch, weight: float, bad: list[str], last: bool, stats: UpdateStats) -> list[str]:
+        """Forward and backward of ``batch`` scaled by ``weight`` (0 once a loss was non-finite, when a sharded
+        process only keeps step with the others); the non-finite terms so far. Sharded, the step's gradients
+        are reduce-scattered in its ``last`` pass (``Sharding.gradient_sync``)."""
+        if self.dist.sharding is not None:
+            self.dist.sharding.gradient_sync(last)
+        with self.dist.autocast():
+            out = self.loss(batch)
+        bad = bad or (nonfinite_terms(out.loss, out.metrics) if weight else [])
+        if bad and not self.dist.sharded:
+            return bad
+        weight = 0.0 if bad else weight
+        self.dist.backward(out.loss * weight)
+        if weight:
+            stats.add({f"loss/{k}": v for k, v in out.metrics.items()} | {"loss/total": out.loss.detach()})
         return bad
 
     def passes(self, micro_batches: int) -> int:
@@ -161,6 +173,7 @@ def sharded_gradient_gram(loss_of, A_k: Tensor, params: list, dist) -> Tensor:
     Gram of the process-mean gradients, as ``gradient_gram(..., reduce=mean)`` computes it unsharded. The
     parameters' ``.grad`` is cleared before and after (each optimizer step starts from zero anyway)."""
     params = [p for p in params if p.requires_grad]
+    dist.sharding.gradient_sync(True)
     rows = []
     for k in range(A_k.shape[1]):
         for p in params:

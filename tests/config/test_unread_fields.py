@@ -38,6 +38,8 @@ CONDITIONAL = [
     ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
     ("dist.reshard_after_forward", lambda c: c.dist.fsdp,
      "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
+    ("dist.reduce_per_step", lambda c: c.dist.fsdp,
+     "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
 ]
 FAMILY_OVERRIDES = {
     "toy": [],

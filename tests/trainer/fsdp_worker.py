@@ -58,6 +58,7 @@ CASES = {
     "grpo_fsdp": lambda out: grpo(out, "grpo_fsdp") + SHARDED,
     "grpo_ddp": lambda out: grpo(out, "grpo_ddp"),
     "grpo_one": lambda out: grpo(out, "grpo_one"),
+    "grpo_fsdp_each_pass": lambda out: [*grpo(out, "grpo_fsdp_each_pass"), "dist.reduce_per_step=false", *SHARDED],
     "nft_full_fsdp": lambda out: nft_full(out, "nft_full_fsdp") + SHARDED,
     "nft_full_ddp": lambda out: nft_full(out, "nft_full_ddp"),
     "uneven_fsdp": lambda out: uneven(out, "uneven_fsdp") + SHARDED,

@@ -16,7 +16,8 @@ import fsdp_worker  # noqa: E402
 from launchers import torchrun  # noqa: E402
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
-TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_resumed", "grpo_fsdp_from_one", "nft_full_fsdp",
+TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_each_pass", "grpo_fsdp_resumed", "grpo_fsdp_from_one",
+                     "nft_full_fsdp",
                      "nft_full_ddp", "nft_full_fsdp_resumed", "uneven_fsdp", "uneven_ddp", "nan_loss_fsdp",
                      "bf16_fsdp", "fp32_fsdp"]
 
@@ -64,11 +65,13 @@ def trained(result: dict) -> bool:
     return any(not torch.equal(final[k], initial[k]) for k in initial)
 
 
-@pytest.mark.parametrize("case", ["grpo", "nft_full", "uneven"])
-def test_sharded_equals_unsharded_on_two_processes(runs, case):
-    """GRPO + LoRA + evaluation, NFT + full fine-tuning + MARBLE's Gram + EMA, and samples left out on one
-    process only: FSDP ends ≤ 1e-6 from the same run with gradients all-reduced."""
-    fsdp, ddp = load(runs, f"{case}_fsdp"), load(runs, f"{case}_ddp")
+@pytest.mark.parametrize("case, unsharded", [("grpo_fsdp", "grpo_ddp"), ("nft_full_fsdp", "nft_full_ddp"),
+                                             ("uneven_fsdp", "uneven_ddp"), ("grpo_fsdp_each_pass", "grpo_ddp")])
+def test_sharded_equals_unsharded_on_two_processes(runs, case, unsharded):
+    """GRPO + LoRA + evaluation, NFT + full fine-tuning + MARBLE's Gram + EMA, samples left out on one process
+    only, and gradients reduce-scattered after every backward (dist.reduce_per_step=false): FSDP ends ≤ 1e-6
+    from the same run with gradients all-reduced."""
+    fsdp, ddp = load(runs, case), load(runs, unsharded)
     assert fsdp["sharded"] and not ddp["sharded"] and fsdp["world"] == ddp["world"] == 2
     assert trained(fsdp) and fsdp["loop"]["global_step"] == ddp["loop"]["global_step"] > 0
     assert_same(fsdp, ddp, atol=1e-6)

@@ -63,6 +63,16 @@ def test_sharded_gradients_are_not_averaged_again():
     assert torch.equal(p.grad, torch.full((3,), 2.0))
 
 
+def test_gradients_are_reduced_in_the_steps_last_pass_or_every_pass():
+    calls = []
+    module = SimpleNamespace(set_requires_gradient_sync=calls.append)
+    per_step, each = fsdp.Sharding(module, None, True), fsdp.Sharding(module, None, False)
+    for last in (False, True):
+        per_step.gradient_sync(last)
+        each.gradient_sync(last)
+    assert calls == [False, True, True, True]
+
+
 def test_mixed_precision_policies():
     block, root = fsdp.mixed_precision_policies("no", torch.float32)
     assert block.param_dtype is None and block.reduce_dtype is None and root.param_dtype is None
