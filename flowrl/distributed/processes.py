@@ -123,6 +123,24 @@ class Dist:
         else:
             loss.backward()
 
+    @property
+    def scaler(self):
+        """accelerate's fp16 GradScaler (None in fp32 / bf16): ``backward`` scales the loss with it."""
+        return getattr(self.accelerator, "scaler", None) if self.accelerator is not None else None
+
+    def unscale_gradients(self, optimizer) -> None:
+        """Divide the gradients by the fp16 loss scale before clipping (no-op without a scaler)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer) -> None:
+        """``optimizer.step()``, through the fp16 scaler when there is one (which also updates the scale)."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
     def autocast(self):
         """Mixed-precision context for model forwards (no-op in fp32)."""
         return self.accelerator.autocast() if self.accelerator else nullcontext()

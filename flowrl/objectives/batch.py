@@ -29,7 +29,7 @@ class TrainBatch:
     kernel, kernel_cfg, reduce: the step kernel (a ``samplers`` Kernel or its registry name), its Config instance
                 and the log-prob reduction the rollout used; GRPO re-scores the stored steps with exactly these.
     mask:       (B,) bool, samples that count (zero-std filtering, MC-GRPO's dropped median); None = all.
-    generator:  torch.Generator for ``noise`` when it is None.
+    generator:  torch.Generator for ``noise`` when it is None, or one per row (each row's ε from its own).
     extras:     per-sample (B,) values the objective's ``prepare_advantages`` asked the loop to carry (GARDO's gate).
     """
 
@@ -45,7 +45,7 @@ class TrainBatch:
     kernel_cfg: Any = None
     reduce: str = "mean"
     mask: Tensor | None = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator | list[torch.Generator] | None = None
     extras: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -76,6 +76,10 @@ class TrainBatch:
         """ε (B, ...) for the forward process: ``noise`` or fresh draws from ``generator``."""
         if self.noise is not None:
             return self.noise.float()
+        if isinstance(self.generator, (list, tuple)):        # one generator per row
+            rows = [torch.randn(self.x0.shape[1:], generator=g, dtype=torch.float32, device=g.device)
+                    for g in self.generator]
+            return torch.stack(rows).to(self.x0.device)
         dev = self.generator.device if self.generator is not None else self.x0.device
         return torch.randn(self.x0.shape, generator=self.generator, dtype=torch.float32, device=dev).to(self.x0.device)
 

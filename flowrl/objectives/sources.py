@@ -33,6 +33,7 @@ class Rollout:
     kernel_cfg: Any
     reduce: str                        # log-prob reduction the rollout used ("mean" | "sum")
     extras: dict = field(default_factory=dict)   # per-row values from the objective's prepare_advantages
+    rows: Tensor | None = None         # the rows' global indices in the iteration (per-row training draws)
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,22 @@ class ForwardProcess:
     def batches(self, rollout: Rollout, adv: Tensor, generator: torch.Generator, cfg: Any) -> list[TrainBatch]:
         res = rollout.result
         x0 = res.latents
+        generator = row_generators(generator, rollout.rows)
         cols = cfg.timesteps.config.columns(res.sigmas.numel() - 1, x0.shape[0], generator)   # (B, T)
         return [TrainBatch(rollout.cond, adv, x0=x0, sigma=res.sigmas[cols[:, j]].to(x0.device), generator=generator,
                            guidance=rollout.guidance, extras=rollout.extras) for j in range(cols.shape[1])]
+
+
+def row_generators(generator: torch.Generator, rows: Tensor | None):
+    """One generator per row, seeded from (the step's generator seed, the row's global index), when the rows are
+    known: a sample's training σ's and noise then do not depend on its micro-batch companions or on how many
+    processes share the iteration. Else the step's one generator."""
+    if rows is None:
+        return generator
+    from samplers.rng import derived_generator
+
+    base = generator.initial_seed()
+    return [derived_generator(base, int(r), namespace="flowrl-row") for r in rows]
 
 
 TRAJECTORY_ROWS = TrajectoryRows()

@@ -5,7 +5,8 @@ final 0 is never trained) and return indices; ``sigmas_at`` turns them into σ v
 
 A forward-process objective's Config holds one of the samplers below as its ``timesteps`` field (a tagged
 section, ``{kind: permuted, fraction: 0.99}``); ``sampler.columns(num_steps, batch, generator)`` gives the
-(B, T) indices the loop trains, column j at inner step j. Each sampler's defaults are its anchor's.
+(B, T) indices the loop trains, column j at inner step j. Each sampler's defaults are its anchor's. ``generator``
+may be one per row (the loop's per-sample draws): per-sample samplers then draw row b from generator b alone.
 """
 from __future__ import annotations
 
@@ -61,14 +62,20 @@ def sigmas_at(sigmas: Tensor, idx: Tensor) -> Tensor:
     return sigmas[idx]
 
 
+def per_row(draw, generators: list) -> Tensor:
+    """Row b of the (B, T) columns from ``draw(generators[b])`` (a (1, T) tensor) alone."""
+    return torch.cat([draw(g) for g in generators])
+
+
 @dataclass
 class Permuted:
     """DiffusionNFT: per sample, ``int(S·fraction)`` distinct steps in random order (99 % of the schedule)."""
 
     fraction: float = 0.99
 
-    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
-        return permuted_subset(num_steps, batch, self.fraction, generator)
+    def columns(self, num_steps: int, batch: int, generator=None) -> Tensor:
+        return per_row(lambda g: permuted_subset(num_steps, 1, self.fraction, g), generator) if \
+            isinstance(generator, list) else permuted_subset(num_steps, batch, self.fraction, generator)
 
 
 @dataclass
@@ -77,7 +84,9 @@ class Decoupled:
 
     fraction: float = 0.51
 
-    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
+    def columns(self, num_steps: int, batch: int, generator=None) -> Tensor:
+        if isinstance(generator, list):
+            return per_row(lambda g: decoupled(num_steps, 1, self.fraction, g).unsqueeze(1), generator)
         return decoupled(num_steps, batch, self.fraction, generator).unsqueeze(1)
 
 
@@ -92,9 +101,11 @@ class Stratified:
         if self.count < 1:
             raise ValueError(f"stratified timesteps count must be >= 1, got {self.count}")
 
-    def columns(self, num_steps: int, batch: int, generator: torch.Generator | None = None) -> Tensor:
+    def columns(self, num_steps: int, batch: int, generator=None) -> Tensor:
+        """Shared by the micro-batch (AWM); with per-row generators, drawn from its first row's."""
         hi = _count(num_steps, self.fraction)
-        return stratified(0, hi, min(self.count, hi), generator).unsqueeze(0).expand(batch, -1)
+        g = generator[0] if isinstance(generator, list) else generator
+        return stratified(0, hi, min(self.count, hi), g).unsqueeze(0).expand(batch, -1)
 
 
 TIMESTEPS = Registry("timestep sampler", {

@@ -132,7 +132,8 @@ class PoolStage:
                    "pool/regen_forwards": regen * scale,
                    "pool/scout_nfe_share": out.forwards / max(1, out.forwards + regen),
                    "pool/scout_all_std": float(out.scores.std(dim=1, unbiased=False).mean()), **out.metrics}
-        samples = Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, metrics)
+        samples = Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, metrics,
+                          row_offset=ids[0] * b.G if len(ids) else 0)
         if self.cfg.fidelity:
             metrics.update(self.fidelity(samples, out.scores, kept))
         return samples

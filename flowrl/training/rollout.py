@@ -39,6 +39,7 @@ class Samples:
     rollout_nfe: int = 0               # model evaluations spent on these samples, over all processes
     metrics: dict = field(default_factory=dict)   # per-iteration figures to log (module docstring)
     extras: dict = field(default_factory=dict)    # per-sample values of the objective's prepare_advantages
+    row_offset: int = 0                           # global row index of this process's first sample
 
     def training_rows(self, adv: Tensor) -> tuple[Samples, Tensor]:
         """What the update trains on and each row's advantage, given this process's per-sample advantages: the
@@ -51,7 +52,8 @@ class Samples:
     def rows(self, idx: Tensor) -> Rollout:
         """The micro-batch ``idx`` as an objective source's input."""
         return Rollout(self.cond.select(idx), self.result.select(idx), self.how.guidance, self.how.kernel,
-                       self.how.kernel_cfg, self.how.reduce, {k: v[idx] for k, v in self.extras.items()})
+                       self.how.kernel_cfg, self.how.reduce, {k: v[idx] for k, v in self.extras.items()},
+                       idx + self.row_offset)
 
 
 def concat_results(results: list[RolloutResult]) -> RolloutResult:
@@ -134,7 +136,8 @@ class RolloutStage:
             pixels = self.decode(result.latents)
         how = Rollout(cond, result, self.guidance, self.kernel, self.s.kernel.config, self.s.log_prob_reduce)
         nfe = int(result.nfe) * self.P * self.G
-        return Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, {"rollout/forwards": nfe})
+        return Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, {"rollout/forwards": nfe},
+                       row_offset=rows[0] if rows else 0)
 
     def calls_per_sample(self, plan) -> int:
         """Model calls of one flat rollout of ``sampler.steps`` steps with ``plan`` (merged SDE steps and a

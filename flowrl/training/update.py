@@ -97,7 +97,7 @@ class Updater:
             real = m < len(mbs)
             mb = mbs[m] if real else torch.zeros(1, dtype=torch.long)
             batches = self.train_batches(samples, adv if real else torch.zeros_like(adv), mb,
-                                         update_generator(*key, m))
+                                         update_generator(*key))
             for j, batch in enumerate(batches):
                 weight = mb.numel() / chunk.numel() / len(batches) if real else 0.0
                 bad = self.backward_pass(batch, weight, bad, m == passes - 1 and j == len(batches) - 1, stats)
@@ -136,6 +136,7 @@ class Updater:
         any_bad = bool(self.dist.sum(torch.tensor(float(bool(bad)))) > 0)
         if not any_bad:
             self.dist.average_gradients(self.params)
+            self.dist.unscale_gradients(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.t.max_grad_norm)
             any_bad = not bool(torch.isfinite(norm))
             bad = [] if not any_bad else ["grad_norm"]
@@ -146,7 +147,7 @@ class Updater:
             self.dist.print(f"[flowrl] skipped an optimizer step: non-finite {', '.join(bad or ['loss elsewhere'])}")
             return
         stats.add({"train/grad_norm": norm, "train/lr": self.optimizer.param_groups[0]["lr"]})
-        self.optimizer.step()
+        self.dist.optimizer_step(self.optimizer)
         if self.ema is not None:
             self.ema.update(global_step + stats.steps)
         stats.steps += 1
