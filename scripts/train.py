@@ -19,6 +19,7 @@ with exit status 1; ``--debug`` shows the traceback instead. Anything else is a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def run(args: argparse.Namespace) -> dict | None:
     from flowrl.training.trainer import train
 
     summary = train(cfg)
-    report(summary)
-    print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/<tag>/index.html)")
+    if int(os.environ.get("RANK", "0")) == 0:          # one report per run, not one per process
+        report(summary)
+        print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/<tag>/index.html)")
     return summary
 
 
