@@ -101,6 +101,27 @@ class BeforeCache:
 
 
 CACHE = BeforeCache()                           # this process's shared cache (memory only until given a directory)
+RUN_CACHE_ENV = "FLOWRL_BENCH_RUN_CACHE"         # a directory: finished runs are kept there and reused by key
+
+
+def run_key(cfg) -> str:
+    """Key of a finished run's result: the resolved config but where it is written (``run.output_dir``,
+    ``run.name``) and the source code (``code_digest``). Runs are deterministic on one machine, so an equal key
+    gives an equal result; a benchmark may reuse it instead of training again."""
+    from flowrl.config import to_dict
+
+    d = to_dict(cfg)
+    d["run"] = {k: v for k, v in d["run"].items() if k not in ("output_dir", "name")}
+    material = {"config": d, "code": code_digest()}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def run_cache() -> BeforeCache | None:
+    """The finished-run cache named by ``$FLOWRL_BENCH_RUN_CACHE`` (None when unset: every run trains)."""
+    import os
+
+    directory = os.environ.get(RUN_CACHE_ENV)
+    return BeforeCache(directory) if directory else None
 
 
 @functools.cache
@@ -272,6 +293,10 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
             f"eval.num_prompts={eval_prompts if eval_prompts else 'null'}", "eval.before=true", "eval.after=true",
             "checkpoint.every=0", "log.progress=false"]
     cfg = load_config(path, [*overrides, *mine])
+    finished, done_key = run_cache(), run_key(cfg)
+    if finished is not None and finished.get(done_key) is not None:
+        print(f"[bench] {name}: reusing the finished run {done_key} (${RUN_CACHE_ENV})", file=sys.stderr)
+        return {**finished.get(done_key), "name": name, "reused": True}
     clear_run_dir(cfg.run_dir)
     trainer = Trainer(cfg)
     key, material = before_key(cfg, trainer.evaluator.guidance)
@@ -295,10 +320,13 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
     last, n_prompts = points[-1]["iteration"], len(trainer.parts.eval_prompts.fixed(cfg.eval.num_prompts))
     gain_se = {m: bootstrap_se(np.subtract(per_prompt[last][m], per_prompt[0][m]))
                for m in PER_PROMPT if m in per_prompt[last] and m in per_prompt[0]}
-    return {"recipe": str(path), "name": name, "seed": seed, "run_dir": str(cfg.run_dir), "eval_prompts": n_prompts,
-            "eval_seeds": seeds, "eval_images": n_prompts * len(seeds), "curve": points, "before": points[0],
-            "after": points[-1], "before_key": key if shared else None, "before_cached": cached is not None,
-            "gain_se_eval": gain_se, "rollout_nfe_counted": recorder.rollout_rows}
+    result = {"recipe": str(path), "name": name, "seed": seed, "run_dir": str(cfg.run_dir), "eval_prompts": n_prompts,
+              "eval_seeds": seeds, "eval_images": n_prompts * len(seeds), "curve": points, "before": points[0],
+              "after": points[-1], "before_key": key if shared else None, "before_cached": cached is not None,
+              "gain_se_eval": gain_se, "rollout_nfe_counted": recorder.rollout_rows}
+    if finished is not None:
+        finished.put(done_key, result)
+    return result
 
 
 def clear_run_dir(run_dir: Path) -> None:

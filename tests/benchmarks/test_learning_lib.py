@@ -225,3 +225,17 @@ def test_nfe_ratio_on_gains_measures_each_curve_from_its_own_start():
                       {"rollout_nfe_mean": 100.0, "strict_mean": 0.38}]}
     assert lib.nfe_ratio(ref, cand) is None                     # never reaches 0.40 in absolute terms
     assert lib.nfe_ratio(ref, cand, gain=True) == 2.0          # reaches the +0.06 gain at 50 NFEs
+
+
+def test_run_cache_reuses_a_finished_run_with_an_equal_config(tmp_path, monkeypatch):
+    """$FLOWRL_BENCH_RUN_CACHE: a second run_recipe with the same resolved config (written elsewhere, named
+    otherwise) returns the first's result without training; another seed trains."""
+    monkeypatch.setenv(lib.RUN_CACHE_ENV, str(tmp_path / "finished"))
+    kw = dict(iterations=1, eval_every=0, eval_seeds=[0], eval_prompts=1, cache=lib.BeforeCache(),
+              overrides=["train.prompts_per_iter=2", "train.group_size=2", "train.micro_batch=2"])
+    first = lib.run_recipe("awr", seed=0, name="a", out_dir=tmp_path / "x", **kw)
+    again = lib.run_recipe("awr", seed=0, name="b", out_dir=tmp_path / "y", **kw)
+    other = lib.run_recipe("awr", seed=1, name="c", out_dir=tmp_path / "z", **kw)
+    assert again["reused"] and again["name"] == "b" and again["curve"] == first["curve"]
+    assert not (tmp_path / "y" / "b").exists()
+    assert "reused" not in other and (tmp_path / "z" / "c" / "config.yaml").is_file()
