@@ -99,6 +99,11 @@ def guard_objectives(base: str) -> dict[str, dict]:
     return out
 
 
+def guard_overrides(sections: dict) -> list[str]:
+    """A guard's {section: value} as key=value overrides on its base recipe."""
+    return [f"{k}={flow_yaml(v)}" for k, v in sections.items()]
+
+
 def methods(base: str, args) -> dict[str, list[str]]:
     """{method: overrides on configs/toy/<base>.yaml} (module docstring); a sweep value equal to the recipe's
     β_KL is the ``kl`` run, not repeated."""
@@ -106,8 +111,7 @@ def methods(base: str, args) -> dict[str, list[str]]:
 
     recipe_beta = load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
     out = {"none": ["objective.beta_kl=0.0"], "kl": []}
-    out.update({g: [f"{k}={flow_yaml(v)}" for k, v in sections.items()]
-                for g, sections in guard_objectives(base).items()})
+    out.update({g: guard_overrides(sections) for g, sections in guard_objectives(base).items()})
     for beta in SWEEP[base][:args.sweep_size]:
         if not math.isclose(beta, recipe_beta):
             out[f"kl={beta:g}"] = [f"objective.beta_kl={beta}"]
@@ -226,7 +230,7 @@ def dppo_vs_grpo(lib, args) -> dict:
     if dppo is None:
         return {"skipped": "no configs/toy/guards/grpo_dppo.yaml"}
     out = {"updates_per_epoch": 4}
-    for name, ov in (("grpo", []), ("dppo", [f"objective={flow_yaml(dppo)}"])):
+    for name, ov in (("grpo", []), ("dppo", guard_overrides(dppo))):
         runs = run_method(lib, "grpo", f"upe4_{name}", ov, args, extra)
         s = summarize(lib, runs)
         kl = [mean_train_metric(r, "loss/approx_kl") for r in runs]

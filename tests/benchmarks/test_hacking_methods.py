@@ -1,0 +1,44 @@
+"""The hacking benchmark's runs are valid configs: every method of every base (unguarded, KL, each guard, the
+KL-β sweep) and the Flow-DPPO block's guard load on their base recipe, and each guard changes the objective."""
+import importlib.util
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from flowrl.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_hacking():
+    spec = importlib.util.spec_from_file_location("flowrl_bench_hacking_t", REPO / "scripts/benchmarks/hacking.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hacking = load_hacking()
+
+
+@pytest.mark.parametrize("base", hacking.BASES)
+def test_every_method_loads_on_its_base_recipe(base):
+    recipe = REPO / "configs" / "toy" / f"{base}.yaml"
+    plain = load_config(recipe)
+    methods = hacking.methods(base, Namespace(sweep_size=4))
+    assert {"none", "kl"} <= set(methods) and len(methods) >= 2 + len(hacking.guard_objectives(base))
+    for name, overrides in methods.items():
+        cfg = load_config(recipe, overrides)
+        if name == "none":
+            assert cfg.objective.beta_kl == 0.0
+        elif name in hacking.guard_objectives(base):
+            assert cfg.objective != plain.objective, name
+
+
+def test_the_dppo_block_overrides_load():
+    dppo = hacking.guard_objectives("grpo")["dppo"]
+    cfg = load_config(REPO / "configs/toy/grpo.yaml", [*hacking.guard_overrides(dppo), "train.updates_per_epoch=4",
+                                                      "train.micro_batch=8"])
+    assert cfg.objective.kind == "dppo"
