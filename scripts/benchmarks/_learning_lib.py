@@ -294,9 +294,10 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
             "checkpoint.every=0", "log.progress=false"]
     cfg = load_config(path, [*overrides, *mine])
     finished, done_key = run_cache(), run_key(cfg)
-    if finished is not None and finished.get(done_key) is not None:
+    done = finished.get(done_key) if finished is not None else None
+    if done is not None:                         # its run_dir stays the directory the run was trained in
         print(f"[bench] {name}: reusing the finished run {done_key} (${RUN_CACHE_ENV})", file=sys.stderr)
-        return {**finished.get(done_key), "name": name, "reused": True}
+        return {**done, "name": name, "reused": True}
     clear_run_dir(cfg.run_dir)
     trainer = Trainer(cfg)
     key, material = before_key(cfg, trainer.evaluator.guidance)
