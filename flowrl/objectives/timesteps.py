@@ -74,8 +74,9 @@ class Permuted:
     fraction: float = 0.99
 
     def columns(self, num_steps: int, batch: int, generator=None) -> Tensor:
-        return per_row(lambda g: permuted_subset(num_steps, 1, self.fraction, g), generator) if \
-            isinstance(generator, list) else permuted_subset(num_steps, batch, self.fraction, generator)
+        if isinstance(generator, list):
+            return per_row(lambda g: permuted_subset(num_steps, 1, self.fraction, g), generator)
+        return permuted_subset(num_steps, batch, self.fraction, generator)
 
 
 @dataclass

@@ -98,8 +98,8 @@ class Updater:
             mb = mbs[m] if real else torch.zeros(1, dtype=torch.long)
             batches = self.train_batches(samples, adv if real else torch.zeros_like(adv), mb,
                                          update_generator(*key))
+            weight = mb.numel() / chunk.numel() / len(batches) if real else 0.0
             for j, batch in enumerate(batches):
-                weight = mb.numel() / chunk.numel() / len(batches) if real else 0.0
                 bad = self.backward_pass(batch, weight, bad, m == passes - 1 and j == len(batches) - 1, stats)
                 if bad and not self.dist.sharded:
                     return bad

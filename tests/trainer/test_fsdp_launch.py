@@ -35,8 +35,7 @@ TINY = ["policy.tiny=true", "policy.lora={rank: 2, alpha: 4}", "sampler.steps=4"
 
 
 def checkpoint(run_dir: Path) -> tuple[dict, dict]:
-    tensors, state = load_checkpoint(latest_checkpoint(run_dir))
-    return tensors, state
+    return load_checkpoint(latest_checkpoint(run_dir))
 
 
 def assert_checkpoints(a: Path, b: Path, atol: float, rtol: float = 0.0) -> None:
