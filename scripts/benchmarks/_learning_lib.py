@@ -20,7 +20,8 @@ package: load this file by path under one module name, so every user shares one 
     lib.plot_curves({"nft": agg}, "curves_strict.png", metric="strict")
 
 The statistics live in ``_learning_stats.py`` and the drawing in ``_learning_plot.py``; this module re-exports
-them (``mean_se``, ``binomial_se``, ``bootstrap_se``, ``nfe_to_reach``, ``nfe_ratio``, ``aggregate``, ``plot_curves``).
+them (``mean_se``, ``binomial_se``, ``bootstrap_se``, ``nfe_to_reach``, ``nfe_ratio``, ``aggregate``, ``plot_curves``,
+``plot_reward_space``).
 
 What is measured (docs/BENCHMARKS.md, "learning"):
 - rollout NFE: the trainer's count (``Samples.rollout_nfe``): velocity evaluations per sample spent sampling the
@@ -344,4 +345,10 @@ def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str 
     """PNG of ``metric`` against ``x``: per method (name → ``aggregate`` result) the mean curve and a ± SE band.
     Drawn with PIL (``_learning_plot.py``)."""
     return _sibling("_learning_plot").plot_curves(methods, path, metric=metric, x=x)
+
+
+def plot_reward_space(summary: dict, path: str | Path) -> Path:
+    """PNG of a balancer-benchmark set in reward space: one panel per reward pair, a point ± 95 % interval per
+    method. Drawn with PIL (``_learning_plot.py``)."""
+    return _sibling("_learning_plot").plot_reward_space(summary, path)
 

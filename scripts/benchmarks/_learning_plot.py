@@ -1,13 +1,24 @@
-"""Learning curves of several methods in one PNG, drawn with PIL (no plotting library in the environment):
-per method the mean over seeds as a line with markers and mean ± standard error as a translucent band.
+"""Benchmark plots drawn with PIL (no plotting library in the environment).
+
+Learning curves of several methods in one PNG: per method the mean over seeds as a line with markers and
+mean ± standard error as a translucent band.
 
     plot_curves({"grpo": agg_grpo, "nft": agg_nft}, "curves_strict.png", metric="strict", x="rollout_nfe")
 
 ``agg_*`` are ``_learning_lib.aggregate`` results (``curve`` points with ``<x>_mean``, ``<metric>_mean`` and
 ``<metric>_se``); a missing SE (one seed) draws no band.
+
+The balancer benchmark's reward-space scatter, one panel per pair of a set's rewards:
+
+    plot_reward_space(summary["sets"]["count_vs_ink"], "balancers_count_vs_ink.png")
+
+Each method is a point at its seed-mean held-out reward values after training with its 95 % t-interval over
+seeds as error bars on both axes; the weighted-sum sweep points are grey and labelled with their weights, the
+balancers coloured and named, the base checkpoint a black cross.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -102,3 +113,81 @@ def _axes(draw, box, xr, yr, fnt, lh, title: str, xlabel: str) -> None:
         draw.text((xp - draw.textlength(label, font=fnt) / 2, box[3] + 6), label, fill=(60, 60, 60), font=fnt)
         ylab = f"{yv:.3f}"
         draw.text((box[0] - 8 - draw.textlength(ylab, font=fnt), yp - lh / 2), ylab, fill=(60, 60, 60), font=fnt)
+
+
+# ------------------------------------------------------------------------------ reward-space scatter
+PANEL = 420                                   # a scatter panel is PANEL × PANEL pixels, margins as above
+SWEEP = (150, 150, 150)
+BALANCER_COLORS = ((214, 39, 40), (31, 119, 180), (44, 160, 44), (255, 127, 14), (148, 103, 189))
+
+
+def points(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """method → (seed-mean after values, 95 % half-widths; 0 where a one-seed run has none), complete methods."""
+    out = {}
+    for name, m in summary["methods"].items():
+        if None in m["point"]:
+            continue
+        ci = [m["gain"][r]["ci95"] or 0.0 for r in summary["rewards"]]
+        out[name] = (np.asarray(m["point"], dtype=float), np.asarray(ci, dtype=float))
+    return out
+
+
+def _label(name: str, summary: dict) -> str:
+    weights = summary["methods"][name].get("weights")
+    return "ws(" + ",".join(f"{w:g}" for w in weights) + ")" if weights else name
+
+
+def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int]) -> None:
+    """Reward i on x, reward j on y, inside the panel whose top-left corner is ``origin``."""
+    from flowrl.eval.grid import font, line_height
+
+    base = summary["base"]
+    box = (origin[0] + LEFT, origin[1] + TOP, origin[0] + PANEL - RIGHT, origin[1] + PANEL - BOTTOM)
+    xr = _range([np.asarray([base[i]])] + [np.asarray([p[i] - c[i], p[i] + c[i]]) for p, c in pts.values()])
+    yr = _range([np.asarray([base[j]])] + [np.asarray([p[j] - c[j], p[j] + c[j]]) for p, c in pts.values()])
+
+    def px(x, y):
+        return (box[0] + (x - xr[0]) / (xr[1] - xr[0]) * (box[2] - box[0]),
+                box[3] - (y - yr[0]) / (yr[1] - yr[0]) * (box[3] - box[1]))
+
+    draw, fnt = ImageDraw.Draw(img), font()
+    lh = line_height(fnt)
+    rewards = summary["rewards"]
+    _axes(draw, box, xr, yr, fnt, lh, f"{rewards[j]} vs {rewards[i]}", rewards[i])
+    bx, by = px(base[i], base[j])
+    draw.line([(bx - 6, by - 6), (bx + 6, by + 6)], fill=(0, 0, 0), width=2)
+    draw.line([(bx - 6, by + 6), (bx + 6, by - 6)], fill=(0, 0, 0), width=2)
+    balancers = [n for n in pts if not n.startswith("ws")]
+    for name, (p, c) in pts.items():
+        color = SWEEP if name.startswith("ws") else BALANCER_COLORS[balancers.index(name) % len(BALANCER_COLORS)]
+        x, y = px(p[i], p[j])
+        x0, _ = px(p[i] - c[i], p[j])
+        x1, _ = px(p[i] + c[i], p[j])
+        _, y0 = px(p[i], p[j] - c[j])
+        _, y1 = px(p[i], p[j] + c[j])
+        draw.line([(x0, y), (x1, y)], fill=color, width=1)
+        draw.line([(x, y0), (x, y1)], fill=color, width=1)
+        draw.ellipse((x - 4, y - 4, x + 4, y + 4), fill=color)
+        if name.startswith("ws"):
+            text = _label(name, summary)
+            tx = x + 6 if x < (box[0] + box[2]) / 2 else x - 6 - draw.textlength(text, font=fnt)
+            draw.text((tx, y - lh), text, fill=(110, 110, 110), font=fnt)
+    for k, name in enumerate(["base (x)", *balancers]):
+        color = (0, 0, 0) if k == 0 else BALANCER_COLORS[(k - 1) % len(BALANCER_COLORS)]
+        draw.text((box[0] + 8, box[1] + 6 + k * (lh + 2)), name, fill=color, font=fnt)
+
+
+def plot_reward_space(summary: dict, path: str | Path) -> Path:
+    """Write the set's scatter (one panel per reward pair) to ``path`` (parents created) and return it."""
+    from flowrl.eval.media import save_png
+
+    pts = points(summary)
+    if not pts or None in summary["base"]:
+        raise ValueError("plot_reward_space: no method with a complete point")
+    pairs = list(itertools.combinations(range(len(summary["rewards"])), 2))
+    img = Image.new("RGB", (PANEL * len(pairs), PANEL), (255, 255, 255))
+    for k, (i, j) in enumerate(pairs):
+        _panel(img, pts, summary, i, j, (k * PANEL, 0))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return save_png(np.asarray(img), out)

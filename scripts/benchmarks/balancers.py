@@ -262,7 +262,14 @@ def main(argv: list[str]) -> dict:
             runs.setdefault(set_name, {}).setdefault(method, []).append(run_one(args, set_name, method, seed))
     for set_name, by_method in runs.items():
         result["sets"][set_name] = summarise_set(set_name, by_method)
+        try:
+            result["sets"][set_name]["plot"] = str(learning_lib().plot_reward_space(
+                result["sets"][set_name], Path(args.out) / f"balancers_{set_name}.png"))
+        except Exception as e:      # a plot is a convenience; the figures above are the result
+            result["sets"][set_name]["plot_error"] = repr(e)
     headline(result)
+    result["targets"] = {"worst_gain_margin": ">= 0.03", "<set>/dominated": "false for the best balancer",
+                         "<set>/hv": ">= <set>/hv_sweep_median for the best balancer", "marble_cost_ratio": "<= 1.05"}
     return result
 
 

@@ -3,7 +3,9 @@ the headline keys (scripts/benchmarks/balancers.py; reference F §C.3)."""
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 _spec = importlib.util.spec_from_file_location(
     "bench_balancers", Path(__file__).parents[2] / "scripts" / "benchmarks" / "balancers.py")
@@ -26,7 +28,7 @@ def test_hypervolume_dominance_and_interval():
     assert bench.mean_ci([None, 1.0]) == {"mean": 1.0, "ci95": None}
 
 
-def test_conflict_set_summary_and_headline():
+def test_conflict_set_summary_headline_and_scatter(tmp_path):
     base = {"shapes_count_only": 0.4, "shapes_ink_budget": 0.5}
     pts = {"ws0": (0.6, 0.6), "ws1": (0.5, 0.8), "ws2": (0.7, 0.52), "marble": (0.55, 0.7),
            "famo": (0.55, 0.55)}
@@ -39,13 +41,19 @@ def test_conflict_set_summary_and_headline():
     assert s["hv_sweep_median"] == pytest.approx(0.2 * 0.1)              # HVs 0.02, 0.03, 0.006
     assert m["marble"]["worst_normalised_gain"] == pytest.approx(min(0.15 / 0.3, 0.2 / 0.3))
     assert m["ws1"]["weights"] == [0.1, 0.9]
+    png = bench.learning_lib().plot_reward_space(s, tmp_path / "scatter.png")
+    img = np.asarray(Image.open(png).convert("RGB"))
+    plot = bench.learning_lib()._sibling("_learning_plot")
+    assert img.shape == (plot.PANEL, plot.PANEL, 3)                       # two rewards: one panel
+    for color in (plot.BALANCER_COLORS[0], plot.BALANCER_COLORS[1], plot.SWEEP):   # marble, famo, the sweep
+        assert (img == color).all(axis=-1).sum() >= 20
     result = {"sets": {"count_vs_ink": s}}
     bench.headline(result)
     assert result["count_vs_ink/dominated"] == {"marble": False, "famo": True}
     assert result["marble_cost_ratio"] == pytest.approx(1.2)
 
 
-def test_specialist_worst_skill_margin():
+def test_specialist_worst_skill_margin(tmp_path):
     skills = bench.SKILLS
     before = {f"shapes/skill_{s}": 0.3 for s in skills} | {r: 0.5 for r in bench.SETS["specialist"][0]}
 
@@ -57,6 +65,8 @@ def test_specialist_worst_skill_margin():
     result = {"sets": {"specialist": bench.summarise_set("specialist", by)}}
     bench.headline(result)
     assert result["worst_gain_margin"] == pytest.approx(0.05)
+    png = bench.learning_lib().plot_reward_space(result["sets"]["specialist"], tmp_path / "specialist.png")
+    assert Image.open(png).size == (3 * 420, 420)                        # three rewards: three pair panels
     gdpo = result["sets"]["specialist"]["methods"]["gdpo"]
     assert gdpo["skill_gain"]["color"]["mean"] == pytest.approx(0.2)
 
