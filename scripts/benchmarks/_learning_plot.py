@@ -53,10 +53,26 @@ def _range(values: list[np.ndarray], pad: float = 0.05) -> tuple[float, float]:
     return lo - width, hi + width
 
 
+def _to_pixels(box, xr, yr):
+    """The map (data x, data y) → (pixel x, pixel y) of the plot area ``box`` over the ranges ``xr``, ``yr``."""
+    def px(xs, ys):
+        return (box[0] + (xs - xr[0]) / (xr[1] - xr[0]) * (box[2] - box[0]),
+                box[3] - (ys - yr[0]) / (yr[1] - yr[0]) * (box[3] - box[1]))
+    return px
+
+
+def _save(img: Image.Image, path: str | Path) -> Path:
+    """Write ``img`` as a PNG at ``path`` (parents created) and return the path written."""
+    from flowrl.eval.media import save_png
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return save_png(np.asarray(img.convert("RGB")), out)
+
+
 def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str = "rollout_nfe") -> Path:
     """Write the PNG to ``path`` (parents created) and return it; ``methods``: name → ``aggregate`` result."""
     from flowrl.eval.grid import font, line_height
-    from flowrl.eval.media import save_png
 
     if not methods:
         raise ValueError("plot_curves: no methods given")
@@ -65,10 +81,7 @@ def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str 
     yr = _range([d[1] + np.nan_to_num(d[2]) for d in data.values()] + [d[1] - np.nan_to_num(d[2])
                                                                         for d in data.values()])
     box = (LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM)
-
-    def px(xs, ys):
-        return (box[0] + (xs - xr[0]) / (xr[1] - xr[0]) * (box[2] - box[0]),
-                box[3] - (ys - yr[0]) / (yr[1] - yr[0]) * (box[3] - box[1]))
+    px = _to_pixels(box, xr, yr)
 
     img = Image.new("RGBA", (WIDTH, HEIGHT), (255, 255, 255, 255))
     fnt, lh = font(), line_height(font())
@@ -92,9 +105,7 @@ def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str 
         ly = box[1] + 6 + i * (lh + 4)
         draw.line([(box[0] + 8, ly + lh / 2), (box[0] + 28, ly + lh / 2)], fill=color, width=3)
         draw.text((box[0] + 34, ly), name, fill=(0, 0, 0), font=fnt)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return save_png(np.asarray(img.convert("RGB")), out)
+    return _save(img, path)
 
 
 def _axes(draw, box, xr, yr, fnt, lh, title: str, xlabel: str) -> None:
@@ -133,8 +144,8 @@ def points(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _label(name: str, summary: dict) -> str:
-    weights = summary["methods"][name].get("weights")
-    return "ws(" + ",".join(f"{w:g}" for w in weights) + ")" if weights else name
+    """A sweep point's label: its weights, ws(w_1,…,w_K)."""
+    return "ws(" + ",".join(f"{w:g}" for w in summary["methods"][name]["weights"]) + ")"
 
 
 def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int]) -> None:
@@ -145,10 +156,7 @@ def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int
     box = (origin[0] + LEFT, origin[1] + TOP, origin[0] + PANEL - RIGHT, origin[1] + PANEL - BOTTOM)
     xr = _range([np.asarray([base[i]])] + [np.asarray([p[i] - c[i], p[i] + c[i]]) for p, c in pts.values()])
     yr = _range([np.asarray([base[j]])] + [np.asarray([p[j] - c[j], p[j] + c[j]]) for p, c in pts.values()])
-
-    def px(x, y):
-        return (box[0] + (x - xr[0]) / (xr[1] - xr[0]) * (box[2] - box[0]),
-                box[3] - (y - yr[0]) / (yr[1] - yr[0]) * (box[3] - box[1]))
+    px = _to_pixels(box, xr, yr)
 
     draw, fnt = ImageDraw.Draw(img), font()
     lh = line_height(fnt)
@@ -157,9 +165,11 @@ def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int
     bx, by = px(base[i], base[j])
     draw.line([(bx - 6, by - 6), (bx + 6, by + 6)], fill=(0, 0, 0), width=2)
     draw.line([(bx - 6, by + 6), (bx + 6, by - 6)], fill=(0, 0, 0), width=2)
-    balancers = [n for n in pts if not n.startswith("ws")]
+    colors = {name: SWEEP for name in pts if "weights" in summary["methods"][name]}
+    balancers = [name for name in pts if name not in colors]
+    colors |= {name: BALANCER_COLORS[k % len(BALANCER_COLORS)] for k, name in enumerate(balancers)}
     for name, (p, c) in pts.items():
-        color = SWEEP if name.startswith("ws") else BALANCER_COLORS[balancers.index(name) % len(BALANCER_COLORS)]
+        color = colors[name]
         x, y = px(p[i], p[j])
         x0, _ = px(p[i] - c[i], p[j])
         x1, _ = px(p[i] + c[i], p[j])
@@ -168,19 +178,16 @@ def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int
         draw.line([(x0, y), (x1, y)], fill=color, width=1)
         draw.line([(x, y0), (x, y1)], fill=color, width=1)
         draw.ellipse((x - 4, y - 4, x + 4, y + 4), fill=color)
-        if name.startswith("ws"):
+        if color == SWEEP:
             text = _label(name, summary)
             tx = x + 6 if x < (box[0] + box[2]) / 2 else x - 6 - draw.textlength(text, font=fnt)
             draw.text((tx, y - lh), text, fill=(110, 110, 110), font=fnt)
     for k, name in enumerate(["base (x)", *balancers]):
-        color = (0, 0, 0) if k == 0 else BALANCER_COLORS[(k - 1) % len(BALANCER_COLORS)]
-        draw.text((box[0] + 8, box[1] + 6 + k * (lh + 2)), name, fill=color, font=fnt)
+        draw.text((box[0] + 8, box[1] + 6 + k * (lh + 2)), name, fill=colors.get(name, (0, 0, 0)), font=fnt)
 
 
 def plot_reward_space(summary: dict, path: str | Path) -> Path:
     """Write the set's scatter (one panel per reward pair) to ``path`` (parents created) and return it."""
-    from flowrl.eval.media import save_png
-
     pts = points(summary)
     if not pts or None in summary["base"]:
         raise ValueError("plot_reward_space: no method with a complete point")
@@ -188,6 +195,4 @@ def plot_reward_space(summary: dict, path: str | Path) -> Path:
     img = Image.new("RGB", (PANEL * len(pairs), PANEL), (255, 255, 255))
     for k, (i, j) in enumerate(pairs):
         _panel(img, pts, summary, i, j, (k * PANEL, 0))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return save_png(np.asarray(img), out)
+    return _save(img, path)
