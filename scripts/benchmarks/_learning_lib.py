@@ -272,7 +272,7 @@ def recipe_path(recipe: str | Path) -> Path:
 
 def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: int, eval_seeds: Iterable[int],
                out_dir: str | Path, name: str, overrides: Sequence[str] = (), eval_prompts: int | None = None,
-               cache: BeforeCache | None = None) -> dict:
+               cache: BeforeCache | None = None, only_cached: bool = False) -> dict | None:
     """Train ``recipe`` once with ``run.seed = seed`` (prompt order, rollout noise, update draws, adapter init)
     for ``iterations``, evaluating every ``eval_every`` iterations and at the end on ``eval_prompts`` held-out
     prompts (None: all) × ``eval_seeds``; the run lives in ``out_dir/name`` (a previous run there is replaced).
@@ -281,7 +281,8 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
     Returns {"recipe", "name", "seed", "run_dir", "eval_prompts", "eval_seeds", "eval_images", "curve": [one point
     per evaluation, "before" first], "before", "after", "before_key" (None when the run evaluated its own),
     "before_cached", "gain_se_eval": {metric: bootstrap SE over prompts of the paired after − before},
-    "rollout_nfe_counted"}; a point holds ``COUNTERS`` and the fields of ``eval_point``."""
+    "rollout_nfe_counted"}; a point holds ``COUNTERS`` and the fields of ``eval_point``. ``only_cached``: return
+    the finished run from ``$FLOWRL_BENCH_RUN_CACHE``, or None instead of training it."""
     from flowrl.config import load_config
     from flowrl.training.trainer import Trainer
 
@@ -299,6 +300,8 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
     if done is not None:                         # its run_dir stays the directory the run was trained in
         print(f"[bench] {name}: reusing the finished run {done_key} (${RUN_CACHE_ENV})", file=sys.stderr)
         return {**done, "name": name, "reused": True}
+    if only_cached:
+        return None
     clear_run_dir(cfg.run_dir)
     trainer = Trainer(cfg)
     key, material = before_key(cfg, trainer.evaluator.guidance)

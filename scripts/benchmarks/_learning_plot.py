@@ -144,8 +144,9 @@ def points(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _label(name: str, summary: dict) -> str:
-    """A sweep point's label: its weights, ws(w_1,…,w_K)."""
-    return "ws(" + ",".join(f"{w:g}" for w in summary["methods"][name]["weights"]) + ")"
+    """A sweep point's label: its own ``label``, else its weights, ws(w_1,…,w_K)."""
+    m = summary["methods"][name]
+    return m.get("label") or "ws(" + ",".join(f"{w:g}" for w in m["weights"]) + ")"
 
 
 def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int]) -> None:

@@ -1,15 +1,18 @@
 """Reward hacking on the toy shapes world: unguarded GRPO / NFT against the recipes' KL, every guard, and a KL-β sweep.
 
-    python scripts/bench.py hacking [--iterations 60] [--seeds 0,1,2] [--eval-seeds 0,1,2] [--quick]
+    python scripts/bench.py hacking [--iterations 60 | grpo=160,nft=100] [--seeds 0,1,2] [--methods none,kl]
+                                    [--cached-only] [--plots DIR] [--quick]
 
 Runs (each on ``--seeds`` training seeds, the learning benchmark's budget: ``_learning_lib.run_recipe``, 60
-iterations, the 90 held-out prompts × 3 evaluation seeds, before / after evaluations shared through its cache):
+iterations unless ``--iterations`` lengthens a base whose unguarded runs do not hack, the 90 held-out prompts ×
+3 evaluation seeds, before / after evaluations shared through its cache):
 
 - per base recipe (``configs/toy/grpo.yaml``, ``configs/toy/nft.yaml``): ``none`` (its KL to the base removed,
   ``objective.beta_kl=0``), ``kl`` (the recipe as it is), every guard recipe ``configs/toy/guards/<base>_*.yaml``
   (its objective section applied to the base recipe, so the guards follow a retuned base), and the KL-β sweep
   ``kl=<β>`` (4 values per base);
-- ``dppo_vs_grpo``: the GRPO recipe and its Flow-DPPO guard with ``train.updates_per_epoch=4`` (micro-batch 8):
+- ``dppo_vs_grpo``: the GRPO recipe and its Flow-DPPO guard with ``train.updates_per_epoch=4`` (micro-batch 8)
+  at the learning benchmark's budget (``--dppo-iterations``, 60):
   Flow-DPPO's claims of stable multi-update training and a lower policy KL, measured as the held-out strict gain
   and the mean over iterations of ``loss/approx_kl`` = ½(log π_θ − log π_old)² against the rollout policy.
 
@@ -25,7 +28,10 @@ else the one with the lowest palette ratio), ``best_guard_gain_retained``, ``bes
 ``best_guard_beyond_kl_front`` (no point of its base's KL sweep, β = 0 included, has both a gain ≥ and a palette
 ratio ≤ the guard's with one strictly better), ``alarms_missed`` / ``false_alarms`` (runs that hack without an
 alarm / alarm without hacking, with their names), ``targets`` (the benchmark's pass conditions), ``methods``
-(every method's means and standard errors over seeds), ``sweep`` and ``dppo_vs_grpo``.
+(every method's means and standard errors over seeds), ``sweep``, ``dppo_vs_grpo``, ``not_run`` (methods left out
+by ``--methods`` or, with ``--cached-only``, not in the finished-run cache ``$FLOWRL_BENCH_RUN_CACHE``) and
+``plots`` (per base the gain-vs-palette scatter with the KL-β sweep and the palette-distance curves; the gallery of
+before / unguarded / KL / best-guard images: ``_hacking_figures``).
 """
 from __future__ import annotations
 
@@ -57,8 +63,15 @@ def learning_lib():
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="bench.py hacking", description=__doc__.split("\n")[0])
-    ap.add_argument("--iterations", type=int, default=60, help="lengthen if the unguarded runs do not hack")
-    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--iterations", default="60", help="N, or per base (grpo=160,nft=100): lengthen a base whose "
+                    "unguarded runs do not hack")
+    ap.add_argument("--eval-every", default="20", help="N, or per base like --iterations")
+    ap.add_argument("--dppo-iterations", type=int, default=60, help="dppo_vs_grpo's budget (the learning bench's)")
+    ap.add_argument("--dppo-eval-every", type=int, default=20)
+    ap.add_argument("--methods", default="", help="only these methods of each base (default: all)")
+    ap.add_argument("--cached-only", action="store_true", help="train nothing: report the methods whose every "
+                    "seed is in $FLOWRL_BENCH_RUN_CACHE, list the others in not_run")
+    ap.add_argument("--plots", default=None, help="directory for the plots and the gallery (default: --out)")
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 90)")
     ap.add_argument("--eval-seeds", default="0,1,2")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds per method")
@@ -71,9 +84,25 @@ def parse(argv):
                     "2 sweep values")
     args = ap.parse_args(argv)
     if args.quick:
-        args.iterations, args.eval_every, args.eval_prompts = 1, 0, 2
+        args.iterations, args.eval_every, args.eval_prompts = "1", "0", 2
         args.eval_seeds, args.seeds, args.sweep_size = "0", "0", 2
+        args.dppo_iterations, args.dppo_eval_every = 1, 0
+    args.iterations = per_base(args.iterations, "--iterations", 60)
+    args.eval_every = per_base(args.eval_every, "--eval-every", 20)
     return args
+
+
+def per_base(text: str, flag: str, default: int) -> dict[str, int]:
+    """``"N"`` → N for every base; ``"grpo=160,nft=100"`` → per base (a base not named gets ``default``)."""
+    if "=" not in text:
+        return dict.fromkeys(BASES, int(text))
+    out = dict.fromkeys(BASES, default)
+    for item in text.split(","):
+        base, _, value = item.partition("=")
+        if base.strip() not in BASES:
+            raise ValueError(f"{flag}: unknown base {base.strip()!r}; expected one of {', '.join(BASES)}")
+        out[base.strip()] = int(value)
+    return out
 
 
 def flow_yaml(value) -> str:
@@ -118,13 +147,18 @@ def methods(base: str, args) -> dict[str, list[str]]:
     return out
 
 
-def run_method(lib, base: str, method: str, overrides: list[str], args, extra: list[str] = ()) -> list[dict]:
+def run_method(lib, base: str, method: str, overrides: list[str], args, extra: list[str] = (),
+               budget: tuple[int, int] | None = None) -> list[dict] | None:
+    """The method's run on every seed (``budget``: (iterations, eval every), default the base's); None when
+    ``--cached-only`` finds a seed not trained."""
     safe = method.replace("=", "").replace(".", "p")
-    return [lib.run_recipe(base, seed=s, iterations=args.iterations, eval_every=args.eval_every,
+    iterations, every = budget or (args.iterations[base], args.eval_every[base])
+    runs = [lib.run_recipe(base, seed=s, iterations=iterations, eval_every=every,
                            eval_seeds=[int(e) for e in args.eval_seeds.split(",")], out_dir=args.out,
                            name=f"{base}_{safe}_s{s}", overrides=[*overrides, *extra],
-                           eval_prompts=args.eval_prompts or None)
+                           eval_prompts=args.eval_prompts or None, only_cached=args.cached_only)
             for s in (int(x) for x in args.seeds.split(","))]
+    return None if None in runs else runs
 
 
 # ------------------------------------------------------------------------------------------------ per run
@@ -181,11 +215,12 @@ def dominated(point: tuple[float, float], front: list[tuple[float, float]]) -> b
     return any(fg >= g and fp <= p and (fg > g or fp < p) for fg, fp in front)
 
 
-def guard_table(results: dict, base: str, guards: list[str], sweep: list[str]) -> dict:
-    """{guard: gain retained, palette ratio, beyond the KL front} for one base."""
+def guard_table(results: dict, base: str, guards: list[str], front_methods: list[str]) -> dict:
+    """{guard: gain retained, palette ratio, beyond the KL front} for one base; ``front_methods``: the KL-β
+    sweep's methods (``none`` first: β = 0)."""
     none = results[f"{base}/none"]
     front = [(results[f"{base}/{m}"]["gain_mean"], results[f"{base}/{m}"]["palette_ratio_mean"])
-             for m in ["none", "kl", *sweep]]
+             for m in front_methods]
     front = [(g, p) for g, p in front if g is not None and p is not None]
     out = {}
     for g in guards:
@@ -229,9 +264,11 @@ def dppo_vs_grpo(lib, args) -> dict:
     dppo = guard_objectives("grpo").get("dppo")
     if dppo is None:
         return {"skipped": "no configs/toy/guards/grpo_dppo.yaml"}
-    out = {"updates_per_epoch": 4}
+    out = {"updates_per_epoch": 4, "iterations": args.dppo_iterations}
     for name, ov in (("grpo", []), ("dppo", guard_overrides(dppo))):
-        runs = run_method(lib, "grpo", f"upe4_{name}", ov, args, extra)
+        runs = run_method(lib, "grpo", f"upe4_{name}", ov, args, extra, (args.dppo_iterations, args.dppo_eval_every))
+        if runs is None:
+            return {"skipped": f"upe4_{name} not in the finished-run cache (--cached-only)"}
         s = summarize(lib, runs)
         kl = [mean_train_metric(r, "loss/approx_kl") for r in runs]
         out[name] = {"gain_mean": s["gain_mean"], "gain_se": s["gain_se"], "palette_ratio_mean":
@@ -245,27 +282,34 @@ def dppo_vs_grpo(lib, args) -> dict:
     return out
 
 
-def main(argv: list[str]) -> dict:
-    args = parse(argv)
-    if args.threads:
-        import torch
+def base_block(lib, base: str, args, results: dict, raw: dict, not_run: list) -> tuple[list[str], dict]:
+    """Run (or collect) one base's methods into ``results`` / ``raw``; returns (the KL front's methods, ``none``
+    first, and the base's guard table)."""
+    wanted = {m for m in args.methods.split(",") if m}
+    for method, overrides in methods(base, args).items():
+        if wanted and method not in wanted:
+            not_run.append(f"{base}/{method}")
+            continue
+        print(f"[hacking] {base}/{method} ...", file=sys.stderr, flush=True)
+        runs = run_method(lib, base, method, overrides, args)
+        if runs is None:
+            not_run.append(f"{base}/{method}")
+            continue
+        raw[f"{base}/{method}"] = runs
+        results[f"{base}/{method}"] = summarize(lib, runs)
+    if f"{base}/none" not in results:
+        return [], {}
+    front = [m for m in methods(base, args) if (m in ("none", "kl") or m.startswith("kl="))
+             and f"{base}/{m}" in results]
+    guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
+    return front, guard_table(results, base, guards, front)
 
-        torch.set_num_threads(args.threads)
-    lib = learning_lib()
-    bases = [b for b in args.bases.split(",") if b]
-    results, tables, sweeps = {}, {}, {}
-    for base in bases:
-        for method, overrides in methods(base, args).items():
-            print(f"[hacking] {base}/{method} ...", file=sys.stderr, flush=True)
-            results[f"{base}/{method}"] = summarize(lib, run_method(lib, base, method, overrides, args))
-        sweep = [m for m in methods(base, args) if m.startswith("kl=")]
-        sweeps[base] = [{"method": m, "gain": results[f"{base}/{m}"]["gain_mean"],
-                         "palette_ratio": results[f"{base}/{m}"]["palette_ratio_mean"]} for m in ["none", "kl", *sweep]]
-        tables.update(guard_table(results, base, list(guard_objectives(base)), sweep))
+
+def headline(results: dict, tables: dict, sweeps: dict, bases: list[str]) -> dict:
+    """The JSON's headline keys and targets (module docstring)."""
     best = best_guard(tables)
-    out = {"bench": "hacking", "iterations": args.iterations, "seeds": args.seeds, "eval_seeds": args.eval_seeds,
-           "eval_prompts": args.eval_prompts or "all",
-           "unguarded_palette_ratio": {b: results[f"{b}/none"]["palette_ratio_mean"] for b in bases},
+    out = {"unguarded_palette_ratio": {b: results[f"{b}/none"]["palette_ratio_mean"] for b in bases
+                                       if f"{b}/none" in results},
            "best_guard": best,
            "best_guard_gain_retained": tables[best]["gain_retained"] if best else None,
            "best_guard_palette_ratio": tables[best]["palette_ratio"] if best else None,
@@ -276,12 +320,72 @@ def main(argv: list[str]) -> dict:
                       "guard_keeps_gain_and_quality": bool(best) and (out["best_guard_gain_retained"] or 0) >= RETAIN
                       and (out["best_guard_palette_ratio"] or math.inf) <= CLEAN_RATIO,
                       "guard_beyond_kl_front": bool(out["best_guard_beyond_kl_front"]),
+                      "kl_sweep_sizes": {b: len(v) for b, v in sweeps.items()},
                       "alarms_exact": out["alarms_missed"] == 0 and out["false_alarms"] == 0}
-    out["methods"] = results
+    return out
+
+
+def main(argv: list[str]) -> dict:
+    args = parse(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    lib = learning_lib()
+    bases = [b for b in args.bases.split(",") if b]
+    results, raw, tables, sweeps, not_run = {}, {}, {}, {}, []
+    for base in bases:
+        front, table = base_block(lib, base, args, results, raw, not_run)
+        if front:
+            sweeps[base] = [{"method": m, "gain": results[f"{base}/{m}"]["gain_mean"],
+                             "palette_ratio": results[f"{base}/{m}"]["palette_ratio_mean"]} for m in front]
+        tables.update(table)
+    out = {"bench": "hacking", "iterations": args.iterations, "eval_every": args.eval_every, "seeds": args.seeds,
+           "eval_seeds": args.eval_seeds, "eval_prompts": args.eval_prompts or "all",
+           **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results}
     if not args.no_dppo and "grpo" in bases:
         print("[hacking] dppo_vs_grpo ...", file=sys.stderr, flush=True)
         out["dppo_vs_grpo"] = dppo_vs_grpo(lib, args)
+    out["plots"] = figures(lib, args, bases, results, raw, sweeps, out["best_guard"])
     return out
+
+
+def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict, best: str | None) -> dict:
+    """Per base the gain-vs-palette scatter and the palette curves; the gallery ({name: path} or the error)."""
+    figs = lib._sibling("_hacking_figures")
+    where, out = Path(args.plots or args.out), {}
+    for base in bases:
+        betas = {s["method"]: beta_of(base, s["method"]) for s in sweeps.get(base, [])}
+        guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
+        try:
+            if betas:
+                out[f"{base}_front"] = str(lib.plot_reward_space(figs.front_summary(results, base, betas, guards),
+                                                                 where / f"hacking_{base}_front.png"))
+            curves = {m: lib.aggregate(raw[f"{base}/{m}"]) for m in ["none", "kl", *guards] if f"{base}/{m}" in raw}
+            if curves:
+                out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
+                                                             metric="palette", x="iteration"))
+        except Exception as e:      # a plot is a convenience; the figures above are the result
+            out[f"{base}_error"] = repr(e)
+    try:
+        columns = figs.gallery_columns(raw, best)
+        if columns:
+            out["gallery"] = str(figs.gallery(columns, where / "hacking_gallery.png",
+                                         cols=len(args.eval_seeds.split(","))))
+    except Exception as e:
+        out["gallery_error"] = repr(e)
+    return out
+
+
+def beta_of(base: str, method: str) -> float:
+    """A KL-front method's β_KL: 0 for ``none``, the recipe's for ``kl``, else the value in its name."""
+    from flowrl.config import load_config
+
+    if method == "none":
+        return 0.0
+    if method == "kl":
+        return load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
+    return float(method.split("=", 1)[1])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""The hacking benchmark's figures: the gain-vs-palette scatter with the KL-β front, palette-distance curves, and the
+before / after gallery.
+
+    front_summary(results, "grpo", sweep_betas, guards)   # → plot_reward_space input
+    gallery(gallery_columns(raw, "grpo/normguard"), "hacking_gallery.png", rows=4, cols=3)
+
+The scatter puts each method at its seed-mean (palette ratio, held-out strict gain) with ± 1 standard error over
+seeds on both axes; the KL-β sweep (β = 0 is the unguarded run) is grey and labelled by β, the guards coloured and
+named, the base checkpoint a black cross at (1, 0).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+AXES = ("palette ratio", "strict gain")
+
+
+def front_summary(results: dict, base: str, betas: dict[str, float], guards: list[str]) -> dict:
+    """``plot_reward_space``'s input for one base: the sweep methods ``betas`` ({method: β}) and the ``guards``
+    of ``results`` ({"<base>/<method>": summarize(...)}), x = palette ratio, y = strict gain."""
+    methods = {}
+    for name in [*betas, *guards]:
+        r = results.get(f"{base}/{name}")
+        if r is None:
+            continue
+        entry = {"point": [r["palette_ratio_mean"], r["gain_mean"]],
+                 "gain": {AXES[0]: {"ci95": r["palette_ratio_se"]}, AXES[1]: {"ci95": r["gain_se"]}}}
+        if name in betas:
+            entry.update(weights=[betas[name]], label=f"β={betas[name]:g}")
+        methods[name] = entry
+    return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
+
+
+def grid_rows(path: str | Path, rows: int, cols: int) -> Image.Image:
+    """The first ``rows`` prompts of an evaluation grid page (``flowrl.eval.run.write_grids``: 8 prompts × ``cols``
+    seeds with captions); the whole page when its size matches no such layout."""
+    from flowrl.eval.grid import grid_layout
+
+    img = Image.open(path).convert("RGB")
+    probe = grid_layout(8, cols, 1, 1)
+    tile = (img.width - probe.pad - probe.label_w) // cols - probe.pad
+    for lines in range(1, 5):
+        layout = grid_layout(8, cols, tile, tile, caption_lines=lines)
+        if (layout.width, layout.height) == img.size:
+            return img.crop((0, 0, img.width, layout.tile_origin(min(rows, 8), 0)[0]))
+    return img
+
+
+def gallery(columns: list[tuple[str, str | Path]], out: str | Path, rows: int = 4, cols: int = 3) -> Path:
+    """Grid pages side by side, each under its title: [(title, grid PNG path)] → one PNG at ``out``."""
+    from flowrl.eval.grid import font, line_height
+
+    if not columns:
+        raise ValueError("gallery: no columns given")
+    pages = [(title, grid_rows(path, rows, cols)) for title, path in columns]
+    fnt = font(16)
+    head = line_height(fnt) + 12
+    img = Image.new("RGB", (sum(p.width for _, p in pages), head + max(p.height for _, p in pages)), "white")
+    draw, x = ImageDraw.Draw(img), 0
+    for title, page in pages:
+        draw.text((x + 8, 6), title, fill=(0, 0, 0), font=fnt)
+        img.paste(page, (x, head))
+        draw.line([(x, 0), (x, img.height)], fill=(200, 200, 200), width=1)
+        x += page.width
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    img.save(out, optimize=True)
+    return out
+
+
+def gallery_columns(raw: dict, best: str | None) -> list[tuple[str, Path]]:
+    """(title, first grid page) of seed 0: the base model, then per base the unguarded, KL and best-guard runs
+    after training (the best guard's base first)."""
+    base = best.split("/")[0] if best else next((k.split("/")[0] for k in raw), None)
+    if base is None:
+        return []
+    first = {k: v[0] for k, v in raw.items()}
+    own_before = [r for r in first.values() if r["name"].startswith(base) and not r.get("before_cached")]
+    columns = [("base model (before)", Path(own_before[0]["run_dir"]) / "eval/before/grid_000.png")] \
+        if own_before else []
+    for method, title in (("none", "unguarded"), ("kl", "recipe KL"), (best and best.split("/")[1], "best guard")):
+        run = first.get(f"{base}/{method}")
+        if run is not None:
+            columns.append((f"{base} {title}: {method}", Path(run["run_dir"]) / "eval/after/grid_000.png"))
+    return [(t, p) for t, p in columns if p.is_file()]

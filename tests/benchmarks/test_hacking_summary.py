@@ -1,0 +1,88 @@
+"""The hacking benchmark's bookkeeping on synthetic results: per-base budgets, the KL front and best guard on a
+partial run, the headline targets, and its figures (scatter input, gallery crop of a real evaluation grid)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flowrl.eval.grid import make_grid
+from flowrl.eval.media import save_png
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load(stem):
+    spec = importlib.util.spec_from_file_location(f"flowrl_bench_{stem}_t", REPO / f"scripts/benchmarks/{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hacking, figs = load("hacking"), load("_hacking_figures")
+
+
+def result(gain, ratio, runs=()):
+    return {"gain_mean": gain, "gain_se": 0.01, "palette_ratio_mean": ratio, "palette_ratio_se": 0.1,
+            "runs": list(runs)}
+
+
+def test_per_base_budget_reads_one_value_or_one_per_base():
+    assert hacking.per_base("60", "--iterations", 60) == {"grpo": 60, "nft": 60}
+    assert hacking.per_base("grpo=160", "--iterations", 60) == {"grpo": 160, "nft": 60}
+    assert hacking.per_base("grpo=160,nft=100", "--iterations", 60) == {"grpo": 160, "nft": 100}
+    with pytest.raises(ValueError, match="unknown base 'awr'"):
+        hacking.per_base("awr=10", "--iterations", 60)
+
+
+def test_guard_beyond_the_front_and_the_headline_targets():
+    results = {"grpo/none": result(0.10, 2.4), "grpo/kl": result(0.05, 1.1), "grpo/kl=0.01": result(0.08, 1.6),
+               "grpo/kl=0.1": result(0.02, 1.0), "grpo/guard_a": result(0.095, 1.2), "grpo/guard_b": result(0.04, 1.3)}
+    front = ["none", "kl", "kl=0.01", "kl=0.1"]
+    table = hacking.guard_table(results, "grpo", ["guard_a", "guard_b"], front)
+    assert table["grpo/guard_a"] == {"gain_retained": pytest.approx(0.95), "palette_ratio": 1.2,
+                                     "beyond_kl_front": True}
+    assert table["grpo/guard_b"]["beyond_kl_front"] is False           # kl: more gain, lower ratio
+    sweeps = {"grpo": [{"method": m} for m in front]}
+    out = hacking.headline(results, table, sweeps, ["grpo"])
+    assert out["best_guard"] == "grpo/guard_a" and out["unguarded_palette_ratio"] == {"grpo": 2.4}
+    assert out["targets"]["unguarded_hack"] and out["targets"]["guard_keeps_gain_and_quality"]
+    assert out["targets"]["guard_beyond_kl_front"] and out["targets"]["kl_sweep_sizes"] == {"grpo": 4}
+
+
+def test_alarm_audit_counts_misses_and_false_alarms_per_run():
+    runs = [{"name": "a", "hacks": True, "alarms": ["palette_distance"], "alarm_source": "trainer"},
+            {"name": "b", "hacks": True, "alarms": [], "alarm_source": "trainer"},
+            {"name": "c", "hacks": False, "alarms": ["diversity"], "alarm_source": "trainer"},
+            {"name": "d", "hacks": False, "alarms": [], "alarm_source": "trainer"}]
+    audit = hacking.alarm_audit({"grpo/none": result(0, 0, runs)})
+    assert (audit["alarms_missed"], audit["false_alarms"]) == (1, 1)
+    assert audit["alarms_missed_runs"] == ["b"] and audit["false_alarm_runs"] == ["c: diversity"]
+
+
+def test_front_summary_labels_the_sweep_by_beta_and_keeps_guards_named(tmp_path):
+    results = {"nft/none": result(0.1, 2.0), "nft/kl": result(0.05, 1.2), "nft/normguard": result(0.07, 1.1)}
+    s = figs.front_summary(results, "nft", {"none": 0.0, "kl": 1e-4, "kl=0.01": 0.01}, ["normguard"])
+    assert list(s["methods"]) == ["none", "kl", "normguard"]           # a method not run is left out
+    assert s["methods"]["kl"]["label"] == "β=0.0001" and "weights" not in s["methods"]["normguard"]
+    assert s["methods"]["normguard"]["point"] == [1.1, 0.07] and s["base"] == [1.0, 0.0]
+    plot = hacking.learning_lib().plot_reward_space(s, tmp_path / "front.png")
+    assert Image.open(plot).size[1] > 0
+
+
+def test_gallery_crops_each_grid_page_to_its_first_prompts(tmp_path):
+    rng = np.random.default_rng(0)
+    tiles = rng.integers(0, 255, (8, 3, 32, 32, 3), dtype=np.uint8)
+    captions = [[f"palette_distance=0.0{r}\nshapes=1\nshapes_clean=1" for _ in range(3)] for r in range(8)]
+    page = make_grid(tiles, [f"{r}. prompt" for r in range(8)], ["seed 0", "seed 1", "seed 2"], captions,
+                     caption_lines=3)
+    path = save_png(page, tmp_path / "grid_000.png")
+    crop = figs.grid_rows(path, rows=2, cols=3)
+    assert crop.width == page.shape[1] and crop.height < page.shape[0] / 3
+    assert np.array_equal(np.asarray(crop), page[:crop.height])      # the top of the page, untouched
+    out = figs.gallery([("before", path), ("after", path)], tmp_path / "g.png", rows=2, cols=3)
+    img = Image.open(out)
+    assert img.width == 2 * page.shape[1] and img.height > crop.height
