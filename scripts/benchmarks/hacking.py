@@ -23,8 +23,10 @@ against its "before" evaluation; ``flowrl.eval.drift`` on the before / after mea
 *hacks* when its palette distance is ≥ 2× the base model's.
 
 JSON keys (last line): ``unguarded_palette_ratio`` {base: mean palette ratio of ``none``}, ``best_guard`` (among
-the guards whose palette ratio is ≤ 1.25, the one keeping the largest share of its base's unguarded strict gain;
-else the one with the lowest palette ratio), ``best_guard_gain_retained``, ``best_guard_palette_ratio``,
+the guards whose palette ratio is ≤ 1.25, the one keeping the largest share of its base's unguarded strict gain —
+a share left undefined (None) when the unguarded gain is ≤ 0, where a guard keeps the gain if its own is at least
+as large; else the one with the lowest palette ratio), ``best_guard_gain_retained``, ``best_guard_gain`` and
+``best_guard_unguarded_gain``, ``best_guard_palette_ratio``,
 ``best_guard_beyond_kl_front`` (no point of its base's KL sweep, β = 0 included, has both a gain ≥ and a palette
 ratio ≤ the guard's with one strictly better), ``alarms_missed`` / ``false_alarms`` (runs that hack without an
 alarm / alarm without hacking, with their names), ``targets`` (the benchmark's pass conditions), ``methods``
@@ -68,7 +70,8 @@ def parse(argv):
     ap.add_argument("--eval-every", default="20", help="N, or per base like --iterations")
     ap.add_argument("--dppo-iterations", type=int, default=60, help="dppo_vs_grpo's budget (the learning bench's)")
     ap.add_argument("--dppo-eval-every", type=int, default=20)
-    ap.add_argument("--methods", default="", help="only these methods of each base (default: all)")
+    ap.add_argument("--methods", default="", help="only these methods of each base, dppo_vs_grpo for the DPPO "
+                    "block (default: all)")
     ap.add_argument("--cached-only", action="store_true", help="train nothing: report the methods whose every "
                     "seed is in $FLOWRL_BENCH_RUN_CACHE, list the others in not_run")
     ap.add_argument("--plots", default=None, help="directory for the plots and the gallery (default: --out)")
@@ -216,8 +219,12 @@ def dominated(point: tuple[float, float], front: list[tuple[float, float]]) -> b
 
 
 def guard_table(results: dict, base: str, guards: list[str], front_methods: list[str]) -> dict:
-    """{guard: gain retained, palette ratio, beyond the KL front} for one base; ``front_methods``: the KL-β
-    sweep's methods (``none`` first: β = 0)."""
+    """{guard: gain, gain retained, keeps gain, palette ratio, beyond the KL front} for one base;
+    ``front_methods``: the KL-β sweep's methods (``none`` first: β = 0).
+
+    gain retained = gain / unguarded gain, undefined (None) when the unguarded gain is ≤ 0 (a hack that lost the
+    verifier's gain too); keeps gain ⇔ gain ≥ RETAIN · unguarded gain, or gain ≥ the unguarded gain when that is
+    ≤ 0."""
     none = results[f"{base}/none"]
     front = [(results[f"{base}/{m}"]["gain_mean"], results[f"{base}/{m}"]["palette_ratio_mean"])
              for m in front_methods]
@@ -226,18 +233,23 @@ def guard_table(results: dict, base: str, guards: list[str], front_methods: list
     for g in guards:
         r = results[f"{base}/{g}"]
         gain, ratio = r["gain_mean"], r["palette_ratio_mean"]
-        retained = gain / none["gain_mean"] if gain is not None and none["gain_mean"] else None
+        ref = none["gain_mean"]
+        retained = gain / ref if gain is not None and ref is not None and ref > 0 else None
+        keeps = None if gain is None or ref is None else gain >= (RETAIN * ref if ref > 0 else ref)
         beyond = None if gain is None or ratio is None else not dominated((gain, ratio), front)
-        out[f"{base}/{g}"] = {"gain_retained": retained, "palette_ratio": ratio, "beyond_kl_front": beyond}
+        out[f"{base}/{g}"] = {"gain": gain, "unguarded_gain": ref, "gain_retained": retained, "keeps_gain": keeps,
+                              "palette_ratio": ratio, "beyond_kl_front": beyond}
     return out
 
 
 def best_guard(table: dict) -> str | None:
-    """Among guards with palette ratio ≤ CLEAN_RATIO the largest gain retained; else the lowest palette ratio."""
+    """Among guards with palette ratio ≤ CLEAN_RATIO the one that keeps the gain with the largest share retained
+    (an undefined share, unguarded gain ≤ 0, counts as all of it); else the lowest palette ratio."""
     rows = {k: v for k, v in table.items() if v["palette_ratio"] is not None}
-    clean = {k: v for k, v in rows.items() if v["palette_ratio"] <= CLEAN_RATIO and v["gain_retained"] is not None}
+    clean = {k: v for k, v in rows.items() if v["palette_ratio"] <= CLEAN_RATIO and v["keeps_gain"] is not None}
     if clean:
-        return max(clean, key=lambda k: clean[k]["gain_retained"])
+        return max(clean, key=lambda k: (clean[k]["keeps_gain"], math.inf if clean[k]["gain_retained"] is None
+                                         else clean[k]["gain_retained"], clean[k]["gain"]))
     return min(rows, key=lambda k: rows[k]["palette_ratio"]) if rows else None
 
 
@@ -312,12 +324,14 @@ def headline(results: dict, tables: dict, sweeps: dict, bases: list[str]) -> dic
                                        if f"{b}/none" in results},
            "best_guard": best,
            "best_guard_gain_retained": tables[best]["gain_retained"] if best else None,
+           "best_guard_gain": tables[best]["gain"] if best else None,
+           "best_guard_unguarded_gain": tables[best]["unguarded_gain"] if best else None,
            "best_guard_palette_ratio": tables[best]["palette_ratio"] if best else None,
            "best_guard_beyond_kl_front": tables[best]["beyond_kl_front"] if best else None,
            **alarm_audit(results), "guards": tables, "sweep": sweeps}
     ratios = [v for v in out["unguarded_palette_ratio"].values() if v is not None]
     out["targets"] = {"unguarded_hack": bool(ratios) and min(ratios) >= HACK_RATIO,
-                      "guard_keeps_gain_and_quality": bool(best) and (out["best_guard_gain_retained"] or 0) >= RETAIN
+                      "guard_keeps_gain_and_quality": bool(best) and bool(tables[best]["keeps_gain"])
                       and (out["best_guard_palette_ratio"] or math.inf) <= CLEAN_RATIO,
                       "guard_beyond_kl_front": bool(out["best_guard_beyond_kl_front"]),
                       "kl_sweep_sizes": {b: len(v) for b, v in sweeps.items()},
@@ -343,7 +357,7 @@ def main(argv: list[str]) -> dict:
     out = {"bench": "hacking", "iterations": args.iterations, "eval_every": args.eval_every, "seeds": args.seeds,
            "eval_seeds": args.eval_seeds, "eval_prompts": args.eval_prompts or "all",
            **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results}
-    if not args.no_dppo and "grpo" in bases:
+    if not args.no_dppo and "grpo" in bases and (not args.methods or "dppo_vs_grpo" in args.methods.split(",")):
         print("[hacking] dppo_vs_grpo ...", file=sys.stderr, flush=True)
         out["dppo_vs_grpo"] = dppo_vs_grpo(lib, args)
     out["plots"] = figures(lib, args, bases, results, raw, sweeps, out["best_guard"])

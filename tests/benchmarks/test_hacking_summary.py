@@ -43,8 +43,8 @@ def test_guard_beyond_the_front_and_the_headline_targets():
                "grpo/kl=0.1": result(0.02, 1.0), "grpo/guard_a": result(0.095, 1.2), "grpo/guard_b": result(0.04, 1.3)}
     front = ["none", "kl", "kl=0.01", "kl=0.1"]
     table = hacking.guard_table(results, "grpo", ["guard_a", "guard_b"], front)
-    assert table["grpo/guard_a"] == {"gain_retained": pytest.approx(0.95), "palette_ratio": 1.2,
-                                     "beyond_kl_front": True}
+    assert table["grpo/guard_a"] == {"gain": 0.095, "unguarded_gain": 0.10, "gain_retained": pytest.approx(0.95),
+                                     "keeps_gain": True, "palette_ratio": 1.2, "beyond_kl_front": True}
     assert table["grpo/guard_b"]["beyond_kl_front"] is False           # kl: more gain, lower ratio
     sweeps = {"grpo": [{"method": m} for m in front]}
     out = hacking.headline(results, table, sweeps, ["grpo"])
@@ -86,3 +86,14 @@ def test_gallery_crops_each_grid_page_to_its_first_prompts(tmp_path):
     out = figs.gallery([("before", path), ("after", path)], tmp_path / "g.png", rows=2, cols=3)
     img = Image.open(out)
     assert img.width == 2 * page.shape[1] and img.height > crop.height
+
+
+def test_a_hack_that_lost_the_gain_leaves_the_share_undefined_and_a_better_guard_keeps_it():
+    results = {"nft/none": result(-0.03, 4.8), "nft/kl": result(0.02, 3.0), "nft/normguard": result(0.05, 1.1),
+               "nft/worse": result(-0.05, 1.0)}
+    table = hacking.guard_table(results, "nft", ["normguard", "worse"], ["none", "kl"])
+    assert table["nft/normguard"]["gain_retained"] is None and table["nft/normguard"]["keeps_gain"] is True
+    assert table["nft/worse"]["keeps_gain"] is False
+    out = hacking.headline(results, table, {"nft": [{"method": "none"}, {"method": "kl"}]}, ["nft"])
+    assert out["best_guard"] == "nft/normguard" and out["targets"]["guard_keeps_gain_and_quality"]
+    assert out["best_guard_gain"] == 0.05 and out["best_guard_unguarded_gain"] == -0.03
