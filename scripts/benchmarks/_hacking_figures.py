@@ -5,7 +5,7 @@ before / after gallery.
     gallery(gallery_columns(raw, "grpo/normguard"), "hacking_gallery.png", rows=4, cols=3)
 
 The scatter puts each method at its seed-mean (palette ratio, held-out strict gain) with ± 1 standard error over
-seeds on both axes; the KL-β sweep (β = 0 is the unguarded run) is grey and labelled by β, the guards coloured and
+seeds on both axes; the KL-β sweep (β = 0 is the unguarded run) is grey and labelled "beta=…", the guards coloured and
 named, the base checkpoint a black cross at (1, 0).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
         entry = {"point": [r["palette_ratio_mean"], r["gain_mean"]],
                  "gain": {AXES[0]: {"ci95": r["palette_ratio_se"]}, AXES[1]: {"ci95": r["gain_se"]}}}
         if name in betas:
-            entry.update(weights=[betas[name]], label=f"β={betas[name]:g}")
+            entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # the plot font has no β
         methods[name] = entry
     return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
 

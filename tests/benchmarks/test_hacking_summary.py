@@ -67,7 +67,7 @@ def test_front_summary_labels_the_sweep_by_beta_and_keeps_guards_named(tmp_path)
     results = {"nft/none": result(0.1, 2.0), "nft/kl": result(0.05, 1.2), "nft/normguard": result(0.07, 1.1)}
     s = figs.front_summary(results, "nft", {"none": 0.0, "kl": 1e-4, "kl=0.01": 0.01}, ["normguard"])
     assert list(s["methods"]) == ["none", "kl", "normguard"]           # a method not run is left out
-    assert s["methods"]["kl"]["label"] == "β=0.0001" and "weights" not in s["methods"]["normguard"]
+    assert s["methods"]["kl"]["label"] == "beta=0.0001" and "weights" not in s["methods"]["normguard"]
     assert s["methods"]["normguard"]["point"] == [1.1, 0.07] and s["base"] == [1.0, 0.0]
     plot = hacking.learning_lib().plot_reward_space(s, tmp_path / "front.png")
     assert Image.open(plot).size[1] > 0
