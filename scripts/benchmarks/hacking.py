@@ -372,7 +372,7 @@ def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict,
         betas = {s["method"]: beta_of(base, s["method"]) for s in sweeps.get(base, [])}
         guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
         try:
-            if betas:
+            if len(betas) > 1 or (betas and guards):          # a front of one point says nothing
                 out[f"{base}_front"] = str(lib.plot_reward_space(figs.front_summary(results, base, betas, guards),
                                                                  where / f"hacking_{base}_front.png"))
             curves = {m: lib.aggregate(raw[f"{base}/{m}"]) for m in ["none", "kl", *guards] if f"{base}/{m}" in raw}
