@@ -369,7 +369,7 @@ def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict,
     figs = lib._sibling("_hacking_figures")
     where, out = Path(args.plots or args.out), {}
     for base in bases:
-        betas = {s["method"]: beta_of(base, s["method"]) for s in sweeps.get(base, [])}
+        betas = {s["method"]: figs.beta_of(base, s["method"]) for s in sweeps.get(base, [])}
         guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
         try:
             if len(betas) > 1 or (betas and guards):          # a front of one point says nothing
@@ -389,17 +389,6 @@ def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict,
     except Exception as e:
         out["gallery_error"] = repr(e)
     return out
-
-
-def beta_of(base: str, method: str) -> float:
-    """A KL-front method's β_KL: 0 for ``none``, the recipe's for ``kl``, else the value in its name."""
-    from flowrl.config import load_config
-
-    if method == "none":
-        return 0.0
-    if method == "kl":
-        return load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
-    return float(method.split("=", 1)[1])
 
 
 if __name__ == "__main__":
