@@ -33,17 +33,6 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
     return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
 
 
-def beta_of(base: str, method: str) -> float:
-    """A KL-front method's β_KL: 0 for ``none``, the recipe's for ``kl``, else the value in its name."""
-    from flowrl.config import load_config
-
-    if method == "none":
-        return 0.0
-    if method == "kl":
-        return load_config(Path(__file__).resolve().parents[2] / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
-    return float(method.split("=", 1)[1])
-
-
 def grid_rows(path: str | Path, rows: int, cols: int) -> Image.Image:
     """The first ``rows`` prompts of an evaluation grid page (``flowrl.eval.run.write_grids``: 8 prompts × ``cols``
     seeds with captions); the whole page when its size matches no such layout."""

@@ -90,6 +90,7 @@ def parse(argv):
         args.iterations, args.eval_every, args.eval_prompts = "1", "0", 2
         args.eval_seeds, args.seeds, args.sweep_size = "0", "0", 2
         args.dppo_iterations, args.dppo_eval_every = 1, 0
+    args.methods = {m for m in args.methods.split(",") if m}
     args.iterations = per_base(args.iterations, "--iterations", 60)
     args.eval_every = per_base(args.eval_every, "--eval-every", 20)
     return args
@@ -136,17 +137,23 @@ def guard_overrides(sections: dict) -> list[str]:
     return [f"{k}={flow_yaml(v)}" for k, v in sections.items()]
 
 
-def methods(base: str, args) -> dict[str, list[str]]:
-    """{method: overrides on configs/toy/<base>.yaml} (module docstring); a sweep value equal to the recipe's
-    β_KL is the ``kl`` run, not repeated."""
+def kl_front(base: str, args) -> dict[str, float]:
+    """{method: β_KL} of the base's KL-β sweep: ``none`` (0), ``kl`` (the recipe's), then ``kl=<β>`` for the first
+    ``args.sweep_size`` values of SWEEP (a value equal to the recipe's β_KL is the ``kl`` run, not repeated)."""
     from flowrl.config import load_config
 
     recipe_beta = load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
+    out = {"none": 0.0, "kl": recipe_beta}
+    out.update({f"kl={beta:g}": beta for beta in SWEEP[base][:args.sweep_size] if not math.isclose(beta, recipe_beta)})
+    return out
+
+
+def methods(base: str, args) -> dict[str, list[str]]:
+    """{method: overrides on configs/toy/<base>.yaml} (module docstring): none, kl, the guards, the sweep."""
+    front = kl_front(base, args)
     out = {"none": ["objective.beta_kl=0.0"], "kl": []}
     out.update({g: guard_overrides(sections) for g, sections in guard_objectives(base).items()})
-    for beta in SWEEP[base][:args.sweep_size]:
-        if not math.isclose(beta, recipe_beta):
-            out[f"kl={beta:g}"] = [f"objective.beta_kl={beta}"]
+    out.update({m: [f"objective.beta_kl={beta}"] for m, beta in front.items() if m not in out})
     return out
 
 
@@ -297,9 +304,8 @@ def dppo_vs_grpo(lib, args) -> dict:
 def base_block(lib, base: str, args, results: dict, raw: dict, not_run: list) -> tuple[list[str], dict]:
     """Run (or collect) one base's methods into ``results`` / ``raw``; returns (the KL front's methods, ``none``
     first, and the base's guard table)."""
-    wanted = {m for m in args.methods.split(",") if m}
     for method, overrides in methods(base, args).items():
-        if wanted and method not in wanted:
+        if args.methods and method not in args.methods:
             not_run.append(f"{base}/{method}")
             continue
         print(f"[hacking] {base}/{method} ...", file=sys.stderr, flush=True)
@@ -311,8 +317,7 @@ def base_block(lib, base: str, args, results: dict, raw: dict, not_run: list) ->
         results[f"{base}/{method}"] = summarize(lib, runs)
     if f"{base}/none" not in results:
         return [], {}
-    front = [m for m in methods(base, args) if (m in ("none", "kl") or m.startswith("kl="))
-             and f"{base}/{m}" in results]
+    front = [m for m in kl_front(base, args) if f"{base}/{m}" in results]
     guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
     return front, guard_table(results, base, guards, front)
 
@@ -357,7 +362,7 @@ def main(argv: list[str]) -> dict:
     out = {"bench": "hacking", "iterations": args.iterations, "eval_every": args.eval_every, "seeds": args.seeds,
            "eval_seeds": args.eval_seeds, "eval_prompts": args.eval_prompts or "all",
            **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results}
-    if not args.no_dppo and "grpo" in bases and (not args.methods or "dppo_vs_grpo" in args.methods.split(",")):
+    if not args.no_dppo and "grpo" in bases and (not args.methods or "dppo_vs_grpo" in args.methods):
         print("[hacking] dppo_vs_grpo ...", file=sys.stderr, flush=True)
         out["dppo_vs_grpo"] = dppo_vs_grpo(lib, args)
     out["plots"] = figures(lib, args, bases, results, raw, sweeps, out["best_guard"])
@@ -369,7 +374,7 @@ def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict,
     figs = lib._sibling("_hacking_figures")
     where, out = Path(args.plots or args.out), {}
     for base in bases:
-        betas = {s["method"]: figs.beta_of(base, s["method"]) for s in sweeps.get(base, [])}
+        betas = {m: beta for m, beta in kl_front(base, args).items() if f"{base}/{m}" in results}
         guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
         try:
             if len(betas) > 1 or (betas and guards):          # a front of one point says nothing
