@@ -51,6 +51,8 @@ def test_guard_beyond_the_front_and_the_headline_targets():
     assert out["best_guard"] == "grpo/guard_a" and out["unguarded_palette_ratio"] == {"grpo": 2.4}
     assert out["targets"]["unguarded_hack"] and out["targets"]["guard_keeps_gain_and_quality"]
     assert out["targets"]["guard_beyond_kl_front"] and out["targets"]["kl_sweep_sizes"] == {"grpo": 4}
+    short = hacking.headline(results, table, {"grpo": sweeps["grpo"][:2]}, ["grpo"])   # a front of 2 β values
+    assert short["best_guard_beyond_kl_front"] and not short["targets"]["guard_beyond_kl_front"]
 
 
 def test_alarm_audit_counts_misses_and_false_alarms_per_run():
