@@ -15,6 +15,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 AXES = ("palette ratio", "strict gain")
+PAGE_ROWS = 8          # write_grids' rows_per_page: a page holds 1 to 8 prompts
 
 
 def front_summary(results: dict, base: str, betas: dict[str, float], guards: list[str]) -> dict:
@@ -34,17 +35,18 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
 
 
 def grid_rows(path: str | Path, rows: int, cols: int) -> Image.Image:
-    """The first ``rows`` prompts of an evaluation grid page (``flowrl.eval.run.write_grids``: 8 prompts × ``cols``
-    seeds with captions); the whole page when its size matches no such layout."""
+    """The first ``rows`` prompts of an evaluation grid page (``flowrl.eval.run.write_grids``: up to
+    ``PAGE_ROWS`` prompts × ``cols`` seeds with captions); the whole page when its size matches no such layout."""
     from flowrl.eval.grid import grid_layout
 
     img = Image.open(path).convert("RGB")
-    probe = grid_layout(8, cols, 1, 1)
+    probe = grid_layout(1, cols, 1, 1)
     tile = (img.width - probe.pad - probe.label_w) // cols - probe.pad
-    for lines in range(1, 5):
-        layout = grid_layout(8, cols, tile, tile, caption_lines=lines)
-        if (layout.width, layout.height) == img.size:
-            return img.crop((0, 0, img.width, layout.tile_origin(min(rows, 8), 0)[0]))
+    for page_rows in range(1, PAGE_ROWS + 1):
+        for lines in range(1, 5):
+            layout = grid_layout(page_rows, cols, tile, tile, caption_lines=lines)
+            if (layout.width, layout.height) == img.size:
+                return img.crop((0, 0, img.width, layout.tile_origin(min(rows, page_rows), 0)[0]))
     return img
 
 

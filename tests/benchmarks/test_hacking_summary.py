@@ -88,6 +88,10 @@ def test_gallery_crops_each_grid_page_to_its_first_prompts(tmp_path):
     out = figs.gallery([("before", path), ("after", path)], tmp_path / "g.png", rows=2, cols=3)
     img = Image.open(out)
     assert img.width == 2 * page.shape[1] and img.height > crop.height
+    short = make_grid(tiles[:3], ["0. a", "1. b", "2. c"], ["seed 0", "seed 1", "seed 2"], captions[:3],
+                      caption_lines=3)                                  # a last page of 3 prompts
+    crop = figs.grid_rows(save_png(short, tmp_path / "grid_001.png"), rows=2, cols=3)
+    assert crop.height < short.shape[0] and np.array_equal(np.asarray(crop), short[:crop.height])
 
 
 def test_a_hack_that_lost_the_gain_leaves_the_share_undefined_and_a_better_guard_keeps_it():
