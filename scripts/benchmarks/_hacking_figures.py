@@ -2,7 +2,7 @@
 before / after gallery.
 
     front_summary(results, "grpo", sweep_betas, guards)   # → plot_reward_space input
-    gallery(gallery_columns(raw, "grpo/normguard"), "hacking_gallery.png", rows=4, cols=3)
+    gallery(gallery_columns(raw, "grpo", "normguard"), "hacking_grpo_gallery.png", rows=4, cols=3)
 
 The scatter puts each method at its seed-mean (palette ratio, held-out strict gain) with ± 1 standard error over
 seeds on both axes; the KL-β sweep (β = 0 is the unguarded run) is grey and labelled "beta=…", the guards coloured and
@@ -72,18 +72,39 @@ def gallery(columns: list[tuple[str, str | Path]], out: str | Path, rows: int = 
     return out
 
 
-def gallery_columns(raw: dict, best: str | None) -> list[tuple[str, Path]]:
-    """(title, first grid page) of seed 0: the base model, then per base the unguarded, KL and best-guard runs
-    after training (the best guard's base first)."""
-    base = best.split("/")[0] if best else next((k.split("/")[0] for k in raw), None)
-    if base is None:
-        return []
-    first = {k: v[0] for k, v in raw.items()}
-    own_before = [r for r in first.values() if r["name"].startswith(base) and not r.get("before_cached")]
+def gallery_columns(raw: dict, base: str, guard: str | None) -> list[tuple[str, Path]]:
+    """(title, first grid page) of seed 0 for one base: the base model, then its unguarded, KL and ``guard``
+    runs after training (those of ``raw`` that ran here, with their evaluation grids on disk)."""
+    first = {k: v[0] for k, v in raw.items() if k.startswith(f"{base}/")}
+    own_before = [r for r in first.values() if not r.get("before_cached")]
     columns = [("base model (before)", Path(own_before[0]["run_dir"]) / "eval/before/grid_000.png")] \
         if own_before else []
-    for method, title in (("none", "unguarded"), ("kl", "recipe KL"), (best and best.split("/")[1], "best guard")):
+    for method, title in (("none", "unguarded"), ("kl", "recipe KL"), (guard, "best guard")):
         run = first.get(f"{base}/{method}")
         if run is not None:
             columns.append((f"{base} {title}: {method}", Path(run["run_dir"]) / "eval/after/grid_000.png"))
     return [(t, p) for t, p in columns if p.is_file()]
+
+
+def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict, best: dict, cols: int) -> dict:
+    """Per base (``fronts``: {base: {sweep method: β}}, ``guards``: {base: [guard]}, ``best``: {base: its best
+    guard}) the gain-vs-palette scatter, the palette curves of the methods whose summary holds one, and the gallery
+    from ``raw``'s evaluation grids. Returns {name: path}, or {name_error: repr} for a figure that failed (the
+    figures are a convenience)."""
+    out = {}
+    for base, betas in fronts.items():
+        try:
+            if len(betas) > 1 or (betas and guards[base]):          # a front of one point says nothing
+                out[f"{base}_front"] = str(lib.plot_reward_space(front_summary(results, base, betas, guards[base]),
+                                                                 where / f"hacking_{base}_front.png"))
+            curves = {m: results[f"{base}/{m}"] for m in ["none", "kl", *guards[base]]
+                      if "curve" in results.get(f"{base}/{m}", {})}
+            if curves:
+                out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
+                                                             metric="palette", x="iteration"))
+            columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1])
+            if columns:
+                out[f"{base}_gallery"] = str(gallery(columns, where / f"hacking_{base}_gallery.png", cols=cols))
+        except Exception as e:
+            out[f"{base}_error"] = repr(e)
+    return out

@@ -1,7 +1,7 @@
 """Reward hacking on the toy shapes world: unguarded GRPO / NFT against the recipes' KL, every guard, and a KL-β sweep.
 
     python scripts/bench.py hacking [--iterations 60 | grpo=160,nft=100] [--seeds 0,1,2] [--methods none,kl]
-                                    [--cached-only] [--plots DIR] [--quick]
+                                    [--cached-only] [--carry PREVIOUS.json] [--plots DIR] [--quick]
 
 Runs (each on ``--seeds`` training seeds, the learning benchmark's budget: ``_learning_lib.run_recipe``, 60
 iterations unless ``--iterations`` lengthens a base whose unguarded runs do not hack, the 90 held-out prompts ×
@@ -30,10 +30,13 @@ as large; else the one with the lowest palette ratio), ``best_guard_gain_retaine
 KL sweep, β = 0 included, has both a gain ≥ and a palette ratio ≤ the guard's with one strictly better; the target
 also needs ≥ 4 sweep values run), ``alarms_missed`` / ``false_alarms`` (runs that hack without an alarm / alarm
 without hacking, with their names), ``targets`` (the benchmark's pass conditions), ``methods``
-(every method's means and standard errors over seeds), ``sweep``, ``dppo_vs_grpo``, ``not_run`` (methods left out
-by ``--methods`` or, with ``--cached-only``, not in the finished-run cache ``$FLOWRL_BENCH_RUN_CACHE``) and
-``plots`` (per base the gain-vs-palette scatter with the KL-β sweep and the palette-distance curves; the gallery of
-before / unguarded / KL / best-guard images: ``_hacking_figures``).
+(every method's means and standard errors over seeds, its per-run figures and its mean palette / strict curve),
+``sweep``, ``dppo_vs_grpo``, ``not_run`` (methods left out by ``--methods`` or, with ``--cached-only``, not in the
+finished-run cache ``$FLOWRL_BENCH_RUN_CACHE``), ``code`` (the source digest the runs were trained under),
+``carried`` (with ``--carry``: the methods taken from a previous JSON measured under the same conditions and code,
+``_hacking_carry``; how a benchmark too long for one session is assembled) and ``plots`` (per base the
+gain-vs-palette scatter with the KL-β sweep, the palette-distance curves and the gallery of before / unguarded /
+KL / best-guard images: ``_hacking_figures``).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ HACK_RATIO = 2.0            # palette distance ≥ 2× the base model's: the run
 CLEAN_RATIO = 1.25          # a guard's palette distance target
 RETAIN = 0.9                # a guard's share of the unguarded strict gain target
 MIN_FRONT = 4               # KL-β values a front needs before a guard can be "beyond" it
+CURVE = ("iteration", "palette_mean", "palette_se", "strict_mean", "strict_se")   # kept per method, for the plots
 
 
 def learning_lib():
@@ -75,6 +79,8 @@ def parse(argv):
                     "block (default: all)")
     ap.add_argument("--cached-only", action="store_true", help="train nothing: report the methods whose every "
                     "seed is in $FLOWRL_BENCH_RUN_CACHE, list the others in not_run")
+    ap.add_argument("--carry", type=Path, default=None, help="a previous hacking.json: its methods measured under "
+                    "this run's conditions and not run or cached now are kept (_hacking_carry)")
     ap.add_argument("--plots", default=None, help="directory for the plots and the gallery (default: --out)")
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 90)")
     ap.add_argument("--eval-seeds", default="0,1,2")
@@ -215,6 +221,7 @@ def summarize(lib, runs: list[dict]) -> dict:
         out[f"{key}_mean"], out[f"{key}_se"] = lib.mean_se(f[key] for f in figs)
     out["base_palette"] = runs[0]["before"].get("palette")
     out["runs"] = figs
+    out["curve"] = [{k: p[k] for k in CURVE if k in p} for p in lib.aggregate(runs)["curve"]]
     return out
 
 
@@ -300,20 +307,21 @@ def dppo_vs_grpo(lib, args) -> dict:
     return out
 
 
-def base_block(lib, base: str, args, results: dict, raw: dict, not_run: list) -> tuple[list[str], dict]:
-    """Run (or collect) one base's methods into ``results`` / ``raw``; returns (the KL front's methods, ``none``
-    first, and the base's guard table)."""
+def base_block(lib, base: str, args, results: dict, raw: dict, not_run: list,
+               carried: dict) -> tuple[list[str], dict]:
+    """Run (or collect) one base's methods into ``results`` / ``raw`` (a method neither run nor cached now is
+    taken from ``carried`` when there); returns (the KL front's methods, ``none`` first, and the guard table)."""
     for method, overrides in methods(base, args).items():
-        if args.methods and method not in args.methods:
-            not_run.append(f"{base}/{method}")
-            continue
-        print(f"[hacking] {base}/{method} ...", file=sys.stderr, flush=True)
-        runs = run_method(lib, base, method, overrides, args)
-        if runs is None:
-            not_run.append(f"{base}/{method}")
-            continue
-        raw[f"{base}/{method}"] = runs
-        results[f"{base}/{method}"] = summarize(lib, runs)
+        key, runs = f"{base}/{method}", None
+        if not args.methods or method in args.methods:
+            print(f"[hacking] {key} ...", file=sys.stderr, flush=True)
+            runs = run_method(lib, base, method, overrides, args)
+        if runs is not None:
+            raw[key], results[key] = runs, summarize(lib, runs)
+        elif key in carried:
+            results[key] = carried[key]
+        else:
+            not_run.append(key)
     if f"{base}/none" not in results:
         return [], {}
     front = [m for m in kl_front(base, args) if f"{base}/{m}" in results]
@@ -351,49 +359,37 @@ def main(argv: list[str]) -> dict:
 
         torch.set_num_threads(args.threads)
     lib = learning_lib()
+    carry = lib._sibling("_hacking_carry")
+    carried, provenance = carry.load(args.carry, args, lib.code_digest())
     bases = [b for b in args.bases.split(",") if b]
     results, raw, tables, sweeps, not_run = {}, {}, {}, {}, []
     for base in bases:
-        front, table = base_block(lib, base, args, results, raw, not_run)
+        front, table = base_block(lib, base, args, results, raw, not_run, carried)
         if front:
             sweeps[base] = [{"method": m, "gain": results[f"{base}/{m}"]["gain_mean"],
                              "palette_ratio": results[f"{base}/{m}"]["palette_ratio_mean"]} for m in front]
         tables.update(table)
-    out = {"bench": "hacking", "iterations": args.iterations, "eval_every": args.eval_every, "seeds": args.seeds,
+    out = {"bench": "hacking", "code": lib.code_digest(), "iterations": args.iterations,
+           "eval_every": args.eval_every, "seeds": args.seeds,
            "eval_seeds": args.eval_seeds, "eval_prompts": args.eval_prompts or "all",
-           **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results}
+           **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results,
+           "carried": carry.public(provenance)}
     if not args.no_dppo and "grpo" in bases and (not args.methods or "dppo_vs_grpo" in args.methods):
         print("[hacking] dppo_vs_grpo ...", file=sys.stderr, flush=True)
         out["dppo_vs_grpo"] = dppo_vs_grpo(lib, args)
-    out["plots"] = figures(lib, args, bases, results, raw, sweeps, out["best_guard"])
+    elif (kept := carry.carry_dppo(provenance, args)) is not None:
+        out["dppo_vs_grpo"] = kept
+    out["plots"] = carry.keep_plots(provenance, figures(lib, args, bases, results, raw, tables))
     return out
 
 
-def figures(lib, args, bases: list[str], results: dict, raw: dict, sweeps: dict, best: str | None) -> dict:
-    """Per base the gain-vs-palette scatter and the palette curves; the gallery ({name: path} or the error)."""
-    figs = lib._sibling("_hacking_figures")
-    where, out = Path(args.plots or args.out), {}
-    for base in bases:
-        betas = {m: beta for m, beta in kl_front(base, args).items() if f"{base}/{m}" in results}
-        guards = [g for g in guard_objectives(base) if f"{base}/{g}" in results]
-        try:
-            if len(betas) > 1 or (betas and guards):          # a front of one point says nothing
-                out[f"{base}_front"] = str(lib.plot_reward_space(figs.front_summary(results, base, betas, guards),
-                                                                 where / f"hacking_{base}_front.png"))
-            curves = {m: lib.aggregate(raw[f"{base}/{m}"]) for m in ["none", "kl", *guards] if f"{base}/{m}" in raw}
-            if curves:
-                out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
-                                                             metric="palette", x="iteration"))
-        except Exception as e:      # a plot is a convenience; the figures above are the result
-            out[f"{base}_error"] = repr(e)
-    try:
-        columns = figs.gallery_columns(raw, best)
-        if columns:
-            out["gallery"] = str(figs.gallery(columns, where / "hacking_gallery.png",
-                                         cols=len(args.eval_seeds.split(","))))
-    except Exception as e:
-        out["gallery_error"] = repr(e)
-    return out
+def figures(lib, args, bases: list[str], results: dict, raw: dict, tables: dict) -> dict:
+    """Per base the gain-vs-palette scatter, the palette curves and the gallery (``_hacking_figures.draw``)."""
+    fronts = {b: {m: beta for m, beta in kl_front(b, args).items() if f"{b}/{m}" in results} for b in bases}
+    guards = {b: [g for g in guard_objectives(b) if f"{b}/{g}" in results] for b in bases}
+    best = {b: best_guard({k: v for k, v in tables.items() if k.startswith(f"{b}/")}) for b in bases}
+    return lib._sibling("_hacking_figures").draw(lib, Path(args.plots or args.out), results, raw, fronts, guards,
+                                                 best, cols=len(args.eval_seeds.split(",")))
 
 
 if __name__ == "__main__":

@@ -103,3 +103,21 @@ def test_a_hack_that_lost_the_gain_leaves_the_share_undefined_and_a_better_guard
     out = hacking.headline(results, table, {"nft": [{"method": "none"}, {"method": "kl"}]}, ["nft"])
     assert out["best_guard"] == "nft/normguard" and out["targets"]["guard_keeps_gain_and_quality"]
     assert out["best_guard_gain"] == 0.05 and out["best_guard_unguarded_gain"] == -0.03
+
+
+def test_each_base_has_its_own_gallery_columns(tmp_path):
+    def run(name, before_cached=True):
+        d = tmp_path / name
+        for tag in ("before", "after"):
+            (d / "eval" / tag).mkdir(parents=True)
+            (d / "eval" / tag / "grid_000.png").write_bytes(b"png")
+        return [{"name": name, "run_dir": str(d), "before_cached": before_cached}]
+
+    raw = {"grpo/none": run("grpo_none_s0", before_cached=False), "grpo/kl": run("grpo_kl_s0"),
+           "grpo/normguard": run("grpo_normguard_s0"), "nft/none": run("nft_none_s0", before_cached=False)}
+    columns = figs.gallery_columns(raw, "grpo", "normguard")
+    assert [t for t, _ in columns] == ["base model (before)", "grpo unguarded: none", "grpo recipe KL: kl",
+                                       "grpo best guard: normguard"]
+    assert all("grpo_" in str(p) for _, p in columns)                  # nothing of the other base
+    assert [t for t, _ in figs.gallery_columns(raw, "nft", None)] == ["base model (before)", "nft unguarded: none"]
+    assert figs.gallery_columns(raw, "awr", None) == []
