@@ -72,18 +72,23 @@ def gallery(columns: list[tuple[str, str | Path]], out: str | Path, rows: int = 
     return out
 
 
-def gallery_columns(raw: dict, base: str, guard: str | None) -> list[tuple[str, Path]]:
+def gallery_columns(raw: dict, base: str, guard: str | None,
+                    measured: set[str] = frozenset()) -> list[tuple[str, Path]]:
     """(title, first grid page) of seed 0 for one base: the base model, then its unguarded, KL and ``guard``
-    runs after training (those of ``raw`` that ran here, with their evaluation grids on disk)."""
+    runs after training. Empty unless each of those in ``raw`` or ``measured`` (methods with results, "base/m")
+    is in ``raw`` with its grid on disk: a gallery missing a column (a run carried from an earlier session, its
+    directory gone) is not drawn, so the earlier file's complete gallery is kept (``_hacking_carry.keep_plots``)."""
     first = {k: v[0] for k, v in raw.items() if k.startswith(f"{base}/")}
     own_before = [r for r in first.values() if not r.get("before_cached")]
     columns = [("base model (before)", Path(own_before[0]["run_dir"]) / "eval/before/grid_000.png")] \
         if own_before else []
     for method, title in (("none", "unguarded"), ("kl", "recipe KL"), (guard, "best guard")):
         run = first.get(f"{base}/{method}")
+        if run is None and f"{base}/{method}" in measured:
+            return []
         if run is not None:
             columns.append((f"{base} {title}: {method}", Path(run["run_dir"]) / "eval/after/grid_000.png"))
-    return [(t, p) for t, p in columns if p.is_file()]
+    return columns if all(p.is_file() for _, p in columns) else []
 
 
 def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict, best: dict, cols: int) -> dict:
@@ -102,7 +107,7 @@ def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict,
             if curves:
                 out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
                                                              metric="palette", x="iteration"))
-            columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1])
+            columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1], set(results))
             if columns:
                 out[f"{base}_gallery"] = str(gallery(columns, where / f"hacking_{base}_gallery.png", cols=cols))
         except Exception as e:

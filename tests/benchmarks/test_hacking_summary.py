@@ -121,3 +121,6 @@ def test_each_base_has_its_own_gallery_columns(tmp_path):
     assert all("grpo_" in str(p) for _, p in columns)                  # nothing of the other base
     assert [t for t, _ in figs.gallery_columns(raw, "nft", None)] == ["base model (before)", "nft unguarded: none"]
     assert figs.gallery_columns(raw, "awr", None) == []
+    assert figs.gallery_columns({"grpo/kl": raw["grpo/kl"]}, "grpo", None, {"grpo/none", "grpo/kl"}) == []  # carried
+    (tmp_path / "grpo_kl_s0" / "eval" / "after" / "grid_000.png").unlink()    # a carried run: its directory gone
+    assert figs.gallery_columns(raw, "grpo", "normguard") == []
