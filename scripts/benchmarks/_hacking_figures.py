@@ -75,9 +75,9 @@ def gallery(columns: list[tuple[str, str | Path]], out: str | Path, rows: int = 
 def gallery_columns(raw: dict, base: str, guard: str | None,
                     measured: set[str] = frozenset()) -> list[tuple[str, Path]]:
     """(title, first grid page) of seed 0 for one base: the base model, then its unguarded, KL and ``guard``
-    runs after training. Empty unless each of those in ``raw`` or ``measured`` (methods with results, "base/m")
-    is in ``raw`` with its grid on disk: a gallery missing a column (a run carried from an earlier session, its
-    directory gone) is not drawn, so the earlier file's complete gallery is kept (``_hacking_carry.keep_plots``)."""
+    runs after training. Empty when one of them is in ``measured`` ("base/method" with results) but not in
+    ``raw`` (carried from an earlier session), or a grid is not on disk: an incomplete gallery is not drawn, so
+    the earlier file's complete one is kept (``_hacking_carry.keep_plots``)."""
     first = {k: v[0] for k, v in raw.items() if k.startswith(f"{base}/")}
     own_before = [r for r in first.values() if not r.get("before_cached")]
     columns = [("base model (before)", Path(own_before[0]["run_dir"]) / "eval/before/grid_000.png")] \
