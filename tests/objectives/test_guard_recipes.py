@@ -1,7 +1,8 @@
 """The guard recipes (configs/toy/guards/<base>_<guard>.yaml, base = the first word) are their base recipe
 (configs/toy/<base>.yaml) with only the objective and the run name changed (GARDO also adds its "ref" adapter and
 an auxiliary weight-0 reward), so a retuned base is noticed here; a wrapped objective is the base's own with its
-KL to the base removed (the guard replaces it)."""
+KL to the base removed (the guard replaces it), or kept at a swept value where the recipe composes the two
+(``<base>_<guard>_kl.yaml``)."""
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,10 @@ def test_guard_recipe_is_its_base_with_another_objective(guard):
     assert {k: v for k, v in g["run"].items() if k != "name"} == {k: v for k, v in b["run"].items() if k != "name"}
     assert g["run"]["name"] != b["run"]["name"]
     if g["objective"]["kind"] == "normguard":
-        assert g["objective"]["inner"] == {**b["objective"], "beta_kl": 0.0}
+        inner = g["objective"]["inner"]
+        composed = guard.stem.endswith("_kl")
+        assert inner == {**b["objective"], "beta_kl": inner["beta_kl"]}
+        assert (inner["beta_kl"] > 0) == composed, f"{guard.name}: a KL only in a *_kl composition"
     elif g["objective"]["kind"] == "gardo":        # its KL (gated, to a refreshable "ref") is the guard
         assert "ref" in g["policy"]["lora"]["names"] and any(r["weight"] == 0 for r in g["rewards"].values())
     else:
