@@ -44,14 +44,15 @@ def same_conditions(prev: dict, args, base: str) -> bool:
 
 
 def load(path: Path | None, args, code: str) -> tuple[dict, dict]:
-    """({"<base>/<method>": summary} carried from ``path``, provenance {"from", "code", "methods"});
+    """({"<base>/<method>": summary} carried from ``path``, provenance {"from", "code", "machine", "methods"});
     (``{}``, ``{}``) without a path."""
     prev = read(path)
     if not prev:
         return {}, {}
     digest = check_code(prev, code, path)
     methods = {k: v for k, v in prev.get("methods", {}).items() if same_conditions(prev, args, k.split("/")[0])}
-    return methods, {"from": str(path), "code": digest, "methods": sorted(methods), "prev": prev}
+    return methods, {"from": str(path), "code": digest, "machine": prev.get("machine", "unrecorded"),
+                     "methods": sorted(methods), "prev": prev}
 
 
 def carry_dppo(provenance: dict, args) -> dict | None:

@@ -140,6 +140,18 @@ def code_digest(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> s
     return h.hexdigest()
 
 
+def machine() -> dict:
+    """Where a benchmark's runs trained: torch's version and the CPU kernel set it dispatches to. Runs repeat bit
+    for bit on one machine; on another CPU (other vector kernels) rounding differs, and a long run's late
+    iterations may drift apart like another seed's, so a JSON assembled across sessions records each part's."""
+    import platform
+
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "arch": platform.machine()}
+
+
 def before_key(cfg, eval_guidance: float) -> tuple[str, dict]:
     """(key, what it hashes) of the "before" evaluation of a RunConfig: policy section (plus the seed for tiny
     random policies), eval prompts, eval section, the sampler's eval settings with the guidance as resolved

@@ -33,6 +33,7 @@ without hacking, with their names), ``targets`` (the benchmark's pass conditions
 (every method's means and standard errors over seeds, its per-run figures and its mean palette / strict curve),
 ``sweep``, ``dppo_vs_grpo``, ``not_run`` (methods left out by ``--methods`` or, with ``--cached-only``, not in the
 finished-run cache ``$FLOWRL_BENCH_RUN_CACHE``), ``code`` (the source digest the runs were trained under),
+``machine`` (``_learning_lib.machine``: where this process ran; a carried part's is under ``carried``),
 ``carried`` (with ``--carry``: the methods taken from a previous JSON measured under the same conditions and code,
 ``_hacking_carry``; how a benchmark too long for one session is assembled) and ``plots`` (per base the
 gain-vs-palette scatter with the KL-β sweep, the palette-distance curves and the gallery of before / unguarded /
@@ -369,7 +370,7 @@ def main(argv: list[str]) -> dict:
             sweeps[base] = [{"method": m, "gain": results[f"{base}/{m}"]["gain_mean"],
                              "palette_ratio": results[f"{base}/{m}"]["palette_ratio_mean"]} for m in front]
         tables.update(table)
-    out = {"bench": "hacking", "code": lib.code_digest(), "iterations": args.iterations,
+    out = {"bench": "hacking", "code": lib.code_digest(), "machine": lib.machine(), "iterations": args.iterations,
            "eval_every": args.eval_every, "seeds": args.seeds,
            "eval_seeds": args.eval_seeds, "eval_prompts": args.eval_prompts or "all",
            **headline(results, tables, sweeps, bases), "not_run": not_run, "methods": results,
