@@ -87,7 +87,7 @@ def parse(argv):
     ap.add_argument("--eval-seeds", default="0,1,2")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds per method")
     ap.add_argument("--bases", default=",".join(BASES))
-    ap.add_argument("--sweep-size", type=int, default=4, help="KL-β values per base (from SWEEP)")
+    ap.add_argument("--sweep-size", default="4", help="KL-β values taken from SWEEP: N, or per base like --iterations")
     ap.add_argument("--no-dppo", action="store_true", help="skip the dppo_vs_grpo block")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_hacking"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
@@ -95,11 +95,12 @@ def parse(argv):
     args = ap.parse_args(argv)
     if args.quick:
         args.iterations, args.eval_every, args.eval_prompts = "1", "0", 2
-        args.eval_seeds, args.seeds, args.sweep_size = "0", "0", 2
+        args.eval_seeds, args.seeds, args.sweep_size = "0", "0", "2"
         args.dppo_iterations, args.dppo_eval_every = 1, 0
     args.methods = {m for m in args.methods.split(",") if m}
     args.iterations = per_base(args.iterations, "--iterations", 60)
     args.eval_every = per_base(args.eval_every, "--eval-every", 20)
+    args.sweep_size = per_base(args.sweep_size, "--sweep-size", 4)
     return args
 
 
@@ -146,12 +147,13 @@ def guard_overrides(sections: dict) -> list[str]:
 
 def kl_front(base: str, args) -> dict[str, float]:
     """{method: β_KL} of the base's KL-β sweep: ``none`` (0), ``kl`` (the recipe's), then ``kl=<β>`` for the first
-    ``args.sweep_size`` values of SWEEP (a value equal to the recipe's β_KL is the ``kl`` run, not repeated)."""
+    ``args.sweep_size[base]`` values of SWEEP (a value equal to the recipe's β_KL is the ``kl`` run, not repeated)."""
     from flowrl.config import load_config
 
     recipe_beta = load_config(REPO / "configs" / "toy" / f"{base}.yaml").objective.beta_kl
     out = {"none": 0.0, "kl": recipe_beta}
-    out.update({f"kl={beta:g}": beta for beta in SWEEP[base][:args.sweep_size] if not math.isclose(beta, recipe_beta)})
+    swept = SWEEP[base][:args.sweep_size[base]]
+    out.update({f"kl={beta:g}": beta for beta in swept if not math.isclose(beta, recipe_beta)})
     return out
 
 

@@ -27,7 +27,7 @@ hacking = load_hacking()
 def test_every_method_loads_on_its_base_recipe(base):
     recipe = REPO / "configs" / "toy" / f"{base}.yaml"
     plain = load_config(recipe)
-    methods = hacking.methods(base, Namespace(sweep_size=4))
+    methods = hacking.methods(base, Namespace(sweep_size=dict.fromkeys(hacking.BASES, 4)))
     assert {"none", "kl"} <= set(methods) and len(methods) >= 2 + len(hacking.guard_objectives(base))
     for name, overrides in methods.items():
         cfg = load_config(recipe, overrides)
@@ -42,3 +42,10 @@ def test_the_dppo_block_overrides_load():
     cfg = load_config(REPO / "configs/toy/grpo.yaml", [*hacking.guard_overrides(dppo), "train.updates_per_epoch=4",
                                                       "train.micro_batch=8"])
     assert cfg.objective.kind == "dppo"
+
+
+def test_the_sweep_size_is_read_per_base():
+    args = hacking.parse(["--sweep-size", "grpo=3,nft=4"])
+    assert args.sweep_size == {"grpo": 3, "nft": 4}
+    assert set(hacking.kl_front("grpo", args)) == {"none", "kl", "kl=0.004", "kl=0.01"}          # 0.04 is the recipe's
+    assert set(hacking.kl_front("nft", args)) == {"none", "kl", "kl=0.001", "kl=0.01", "kl=0.1"}  # 1e-4 is the recipe's
