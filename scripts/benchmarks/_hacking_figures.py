@@ -93,9 +93,9 @@ def gallery_columns(raw: dict, base: str, guard: str | None,
 
 def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict, best: dict, cols: int) -> dict:
     """Per base (``fronts``: {base: {sweep method: β}}, ``guards``: {base: [guard]}, ``best``: {base: its best
-    guard}) the gain-vs-palette scatter, the palette curves of the methods whose summary holds one, and the gallery
-    from ``raw``'s evaluation grids. Returns {name: path}, or {name_error: repr} for a figure that failed (the
-    figures are a convenience)."""
+    guard}) the gain-vs-palette scatter, the palette curves of the methods whose summary holds one (drawn only when
+    the unguarded run's does: its curve is the reference line), and the gallery from ``raw``'s evaluation grids.
+    Returns {name: path}, or {name_error: repr} for a figure that failed (the figures are a convenience)."""
     out = {}
     for base, betas in fronts.items():
         try:
@@ -104,7 +104,7 @@ def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict,
                                                                  where / f"hacking_{base}_front.png"))
             curves = {m: results[f"{base}/{m}"] for m in ["none", "kl", *guards[base]]
                       if "curve" in results.get(f"{base}/{m}", {})}
-            if curves:
+            if "none" in curves:                    # without the unguarded curve a plot has no reference line
                 out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
                                                              metric="palette", x="iteration"))
             columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1], set(results))
