@@ -141,9 +141,9 @@ def code_digest(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> s
 
 
 def machine() -> dict:
-    """Where a benchmark's runs trained: torch's version and the CPU kernel set it dispatches to. Runs repeat bit
-    for bit on one machine; on another CPU (other vector kernels) rounding differs, and a long run's late
-    iterations may drift apart like another seed's, so a JSON assembled across sessions records each part's."""
+    """The machine this process runs on: torch's version and the CPU kernel set it dispatches to. Runs repeat bit
+    for bit on one machine; the same run in another session has ended elsewhere (another CPU's kernels rounding
+    differently is the likely cause), so a JSON assembled across sessions records each part's."""
     import platform
 
     import torch

@@ -48,14 +48,15 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def launch(make_cmd, timeout: int, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``make_cmd()`` (a fresh port each call) with output captured; see the module docstring."""
-    for attempt in range(RETRIES + 1):
+def launch(make_cmd, timeout: int, check: bool = True, retries: int = RETRIES) -> subprocess.CompletedProcess:
+    """Run ``make_cmd()`` (a fresh port each call) with output captured; see the module docstring. ``retries``: 0
+    for a single process, which has no rendezvous to fail."""
+    for attempt in range(retries + 1):
         cmd = make_cmd()
         proc = subprocess.run(cmd, timeout=timeout, env=cpu_env(), cwd=REPO, capture_output=True, text=True)
         printed = proc.stdout + proc.stderr
         unmet = any(s in printed for s in RENDEZVOUS_ERRORS)
-        if proc.returncode == 0 or not check or not unmet or attempt == RETRIES:
+        if proc.returncode == 0 or not check or not unmet or attempt == retries:
             break
         print(f"launch: the processes did not meet (try {attempt + 1}); again on a new port", file=sys.stderr)
     if check and proc.returncode != 0:
@@ -74,4 +75,4 @@ def accelerate_launch(config_file: str, *args: str, timeout: int = 600) -> None:
 
 
 def one_process(*args: str, timeout: int = 600) -> None:
-    launch(lambda: [sys.executable, *args], timeout)
+    launch(lambda: [sys.executable, *args], timeout, retries=0)

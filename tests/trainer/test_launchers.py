@@ -45,3 +45,13 @@ def test_unchecked_launch_returns_the_failure_once(tmp_path):
     cmd = script(tmp_path, "import sys\nprint('Address already in use', file=sys.stderr)\nsys.exit(1)\n")
     proc = launch(lambda: cmd, timeout=60, check=False)
     assert proc.returncode == 1 and "Address already in use" in proc.stderr
+
+
+def test_a_single_process_is_not_retried_on_a_connection_error(tmp_path):
+    counter = tmp_path / "tries"
+    body = (f"from pathlib import Path\nimport sys\np = Path({str(counter)!r})\n"
+            "p.write_text(str(int(p.read_text()) + 1 if p.exists() else 1))\n"
+            "print('Connection refused', file=sys.stderr)\nsys.exit(1)\n")
+    with pytest.raises(AssertionError, match="Connection refused"):
+        launch(lambda: script(tmp_path, body), timeout=60, retries=0)
+    assert counter.read_text() == "1"
