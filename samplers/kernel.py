@@ -98,3 +98,12 @@ def finish(mean: Tensor, std: Tensor, x: Tensor, noise: Tensor | None, x_next: T
     if x_next is None:
         x_next = mean if noise is None else mean + bcast(std, x) * noise
     return StepOut(x_next, mean, std)
+
+
+def resolve_kernel(kernel: Kernel | str) -> Kernel:
+    """A Kernel, or the ``samplers.KERNELS`` entry of that name."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    from samplers import KERNELS  # lazy: the registry module imports this one's package
+
+    return KERNELS.get(kernel)

@@ -35,9 +35,10 @@ import torch
 from torch import Tensor
 
 from flowrl.types import VelocityFn
-from samplers.kernel import Kernel
+from samplers.kernel import Kernel, resolve_kernel
+from samplers.rollout import rollout
 from samplers.schedule import check_grid
-from samplers.tree import child_seed, resolve_kernel, tree_rollout
+from samplers.tree import child_seed
 from samplers.tree_credit import log_mean_exp
 from samplers.tree_store import NodeStore
 
@@ -236,11 +237,10 @@ def best_of_n(velocity_fn: VelocityFn, noise_fn: NoiseFn, sigmas: Tensor, reward
     for a in range(0, n, batch_size):
         gens = [_rng_of(child_seed(seed, -1, j)) for j in range(a, min(n, a + batch_size))]
         x1 = noise_fn(gens).float()
-        tree = tree_rollout(lambda x, s, r: velocity_fn(x, s), x1, grid, plan, None, kernel=kernel,
-                            kernel_cfg=kernel_cfg, generators=gens, store=False)
-        rewards = reward_fn(tree.latents).float().flatten()
+        latents = rollout(velocity_fn, x1, grid, plan, kernel, kernel_cfg, gens, store=False).latents
+        rewards = reward_fn(latents).float().flatten()
         k = int(torch.argmax(rewards))
         if float(rewards[k]) > best_r:
-            best_r, best_x = float(rewards[k]), tree.latents[k:k + 1]
+            best_r, best_x = float(rewards[k]), latents[k:k + 1]
     return SearchResult(best_x, best_r, best_x, best_r, n * steps, n)
 

@@ -29,7 +29,6 @@ Usage, the tree spec and the credit functions: docs/samplers.md "Trees".
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,36 +37,28 @@ from torch import Tensor
 
 from flowrl.types import RolloutResult
 from samplers.dpm_solver import KERNEL as DPM_KERNEL
-from samplers.dpm_solver import tail_sigmas
-from samplers.kernel import Kernel
+from samplers.kernel import Kernel, resolve_kernel
 from samplers.multistep import data_prediction, is_multistep
-from samplers.rng import randn_rows
+from samplers.rng import derived_seed, randn_rows
+from samplers.rollout import check_rollout_args, step_kernels
 from samplers.schedule import check_grid
+from samplers.steps import Stage, build_stages
 from samplers.tree_credit import TreeCredit, assign_credit
 from samplers.tree_spec import PRESETS, BranchPlan, SplitNoise, TreeSpec
 from samplers.tree_store import EdgeStore, NodeStore, NodeTable, TreeBatch
 from samplers.windows import StepPlan
 
 __all__ = ["PRESETS", "BranchPlan", "SplitNoise", "TreeBatch", "TreeCredit", "TreeRollout", "TreeSpec",
-           "assign_credit", "tree_rollout"]
+           "assign_credit", "build_stages", "resolve_kernel", "tree_rollout"]
 
 TreeVelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``v = velocity_fn(x, sigma, roots)``: x (F, ...), sigma (F,), roots (F,) long = each row's root index."""
 
 
-def resolve_kernel(kernel: Kernel | str) -> Kernel:
-    """A Kernel, or the KERNELS entry of that name."""
-    if isinstance(kernel, Kernel):
-        return kernel
-    from samplers import KERNELS  # lazy: the registry module imports this one's package
-
-    return KERNELS.get(kernel)
-
-
 def child_seed(parent_seed: int, step: int, j: int) -> int:
-    """63-bit seed of child j of a node split at grid step ``step``: sha256("flowrl|tree|seed|step|j")."""
-    digest = hashlib.sha256(f"flowrl|tree|{parent_seed}|{step}|{j}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (1 << 63)
+    """63-bit seed of child j of a node split at grid step ``step``: ``samplers.rng.derived_seed`` of
+    (parent seed, step, j) in the namespace "flowrl|tree"."""
+    return derived_seed(parent_seed, step, j, namespace="flowrl|tree")
 
 
 def child_generator(parent: torch.Generator, step: int, j: int) -> torch.Generator:
@@ -75,54 +66,6 @@ def child_generator(parent: torch.Generator, step: int, j: int) -> torch.Generat
     g = torch.Generator(device=parent.device)
     g.manual_seed(child_seed(parent.initial_seed(), step, j))
     return g
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One engine step: grid step (−1 in the compressed tail), σ → σ', SDE?, split factor, split level."""
-
-    step: int
-    sigma: Tensor
-    sigma_next: Tensor
-    span: int
-    sde: bool
-    split: int = 0
-    level: int = -1
-    tail: bool = False
-
-
-def build_stages(grid: Tensor, plan: StepPlan, branch: BranchPlan) -> list[Stage]:
-    """Compile the grid, step plan and branch plan into stages (module docstring)."""
-    n = grid.numel() - 1
-    if plan.num_steps != n or branch.num_steps != n:
-        raise ValueError(f"plans are for {plan.num_steps} / {branch.num_steps} steps but the σ grid has {n}; "
-                         "build them from the same num_steps")
-    if branch.trunk and plan.sde_steps:
-        raise ValueError("trunk branching (EveryStep) runs an ODE trunk: the step plan must have no SDE "
-                         "steps")
-    spans = dict(zip(plan.sde_steps, plan.spans))
-    tail_from = plan.sde_steps[-1] + plan.spans[-1] if (plan.ode_tail and plan.sde_steps) else None
-    levels = {s: j for j, s in enumerate(branch.splits)}
-    stages, i = [], 0
-    while i < n:
-        if i == tail_from:
-            if any(s >= i for s in branch.splits):
-                raise ValueError(f"split steps {branch.splits} reach into the compressed ODE tail from "
-                                 f"step {i}")
-            tail = tail_sigmas(grid, i, plan.tail_compress).to(grid.device)
-            stages += [Stage(-1, tail[t], tail[t + 1], 1, False, tail=True) for t in range(tail.numel() - 1)]
-            break
-        m, k = spans.get(i, 0), branch.factor_at(i)
-        if k and m > 1 and branch.trunk:
-            raise ValueError(f"trunk branching cannot split at the merged step {i} (span {m})")
-        span = max(m, 1)
-        stages.append(Stage(i, grid[i], grid[i + span], span, bool(m or k), k, levels.get(i, -1)))
-        i += span
-    missing = sorted(set(branch.splits) - {st.step for st in stages})
-    if missing:
-        raise ValueError(f"split steps {missing} fall inside merged SDE steps; split only where a step "
-                         "starts")
-    return stages
 
 
 def stage_sizes(stages: list[Stage], n_roots: int, trunk: bool) -> tuple[list[int], list[int]]:
@@ -277,20 +220,6 @@ def _sde_step(st: Stage, fr: _Frontier, v: Tensor, par: list[int], js: list[int]
     return xs, out, kern.log_prob(out.x_next, out.mean, out.std, reduce, cfg), eps, gens
 
 
-def _check_args(kern: Kernel, okern: Kernel, stages: list[Stage], generators, n_roots: int) -> None:
-    if okern.stochastic:
-        raise ValueError(f"ode_kernel {okern.name!r} is stochastic; pick a deterministic kernel (ode, "
-                         "dpmpp_2m)")
-    if any(st.sde for st in stages):
-        if not kern.stochastic:
-            raise ValueError(f"the plan has SDE steps but the kernel is {kern.name!r}; pick flow_sde, "
-                             "dance_sde or cps")
-        if generators is None or len(generators) != n_roots:
-            raise ValueError(f"SDE steps need one generator per sample ({n_roots}), got "
-                             f"{None if generators is None else len(generators)}; see "
-                             "samplers.rng.sample_generator")
-
-
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
@@ -301,7 +230,7 @@ def _progress(total: int, enabled: bool):
 
 def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan | None = None,
                  branch: BranchPlan | None = None, *, noise: SplitNoise | None = None,
-                 kernel: Kernel | str = "flow_sde", kernel_cfg=None, ode_kernel: Kernel | str = "ode",
+                 kernel: Kernel | str = "flow_sde", kernel_cfg=None, ode_kernel: Kernel | str | None = "ode",
                  ode_kernel_cfg=None, generators: Sequence[torch.Generator] | None = None,
                  reduce: str = "mean",
                  keep_noise: bool = True, store: bool = True, max_batch: int | None = None,
@@ -310,7 +239,8 @@ def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: 
 
     plan: SDE steps of the non-split steps (samplers.windows; None = all ODE). branch: where nodes split
     (samplers.tree_spec; None = never). noise: split-step sampling scale. kernel / kernel_cfg: the SDE kernel;
-    ode_kernel / ode_kernel_cfg: the deterministic kernel of every ODE step (Euler "ode" or "dpmpp_2m").
+    ode_kernel / ode_kernel_cfg: the deterministic kernel of every ODE step (Euler "ode" or "dpmpp_2m"; None:
+    a deterministic ``kernel`` is the ODE kernel, as in ``samplers.rollout``).
     generators: one per root (required when any step is SDE). keep_noise: store each edge's ε. store: False
     keeps no edges (sampling only). max_batch: cap rows per model call (NFE unchanged).
     """
@@ -322,11 +252,9 @@ def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: 
         raise ValueError(f"plan is for {plan.num_steps} steps but the σ grid has {n_steps}; build both from "
                          "the same num_steps")
     stages = build_stages(grid, plan, branch)
-    kern, okern = resolve_kernel(kernel), resolve_kernel(ode_kernel)
+    kern, kernel_cfg, okern, ode_kernel_cfg = step_kernels(kernel, kernel_cfg, ode_kernel, ode_kernel_cfg)
     n_roots = x1.shape[0]
-    _check_args(kern, okern, stages, generators, n_roots)
-    kernel_cfg = kernel_cfg if (kernel_cfg is not None or not kern.stochastic) else kern.Config()
-    ode_kernel_cfg = ode_kernel_cfg if ode_kernel_cfg is not None else okern.Config()
+    check_rollout_args(kern, okern, stages, generators, n_roots)
     noise = noise or SplitNoise()
     x = x1.to(torch.float32)
     sizes, sde_rows = stage_sizes(stages, n_roots, branch.trunk)

@@ -90,18 +90,18 @@ def reward_of(rewards, policy, prompt: str, meta: dict):
 def run_method(method: str, args, policy, prompt: str, meta: dict, rewards, kernel_cfg):
     """One search on one prompt; returns (SearchResult, seconds)."""
     from samplers import search
+    from samplers.engine import SampleSpec, SamplingEngine
 
     w = policy.default_guidance if args.guidance is None else args.guidance
-    cond = policy.encode([prompt], cfg=w > 1)
     size = args.size or SIZE.get(args.policy, 512)
+    engine = SamplingEngine(policy, SampleSpec(args.steps, size, size, guidance=w))
+    cond = engine.encode([prompt])
 
     def velocity(x, sigma):
         return policy.velocity(x, sigma, cond.select([0] * x.shape[0]), w)
 
-    def noise(gens):
-        return policy.noise(gens, size, size)
-
-    sigmas = policy.sigmas(args.steps, noise([torch.Generator()]))
+    noise = engine.noise
+    sigmas = engine.sigmas(noise([torch.Generator()]))
     reward, budget = reward_of(rewards, policy, prompt, meta), args.budget
     cfg = search.DTSConfig(lam=args.lam, max_children=args.max_children)
     start = time.perf_counter()

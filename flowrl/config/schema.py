@@ -102,6 +102,8 @@ class SamplerSection:
     height: int = 512
     width: int = 512
     num_frames: int | None = None     # video policies only
+    chunk: int | None = 8             # rows per rollout model call per process (the forward batch; a cap, the last
+                                      # chunk may be smaller); null: all of this process's rows at once
     log_prob_reduce: Literal["mean", "sum"] = "mean"   # over latent elements (the anchors' mean); GRPO re-scores
                                                       # its stored steps with the same reduction
     tree: Any = field(default=None, metadata={"build": optional_section("samplers.tree_config:TreeConfig")})
@@ -117,6 +119,7 @@ class SamplerSection:
         for name in ("steps", "eval_steps", "height", "width"):
             check_range(f"sampler.{name}", getattr(self, name), ge=1)
         check_range("sampler.num_frames", self.num_frames, ge=1, optional="images")
+        check_range("sampler.chunk", self.chunk, ge=1, optional="all rows at once")
         for name in ("guidance", "eval_guidance"):
             check_range(f"sampler.{name}", getattr(self, name), ge=0, optional="the family's default")
 
@@ -174,7 +177,8 @@ class TrainSection:
     iterations: int = 100             # outer RL iterations (rollout → update)
     prompts_per_iter: int = 48        # groups per iteration, over all processes (Flow-GRPO: 48)
     group_size: int = 24              # samples per prompt (Flow-GRPO / NFT: 24)
-    micro_batch: int = 8              # samples per forward/backward per process
+    micro_batch: int = 8              # rows per forward/backward per process (a cap: min(micro_batch, rows of one
+                                      # update) is used, and it must divide them; train.updates_per_epoch sets those)
     inner_epochs: int = 1             # K passes over each iteration's samples
     updates_per_epoch: int = 2        # optimizer steps per pass (Flow-GRPO: GA = batches/2 → 2 steps)
     lr: float = 3.0e-4
@@ -296,19 +300,25 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def check_geometry(cfg: RunConfig, num_processes: int = 1) -> None:
-    """The batch must split evenly: samples per iteration over processes, micro-batches and updates.
-    Raises with the nearest valid values instead of adjusting anything (reference E §3.7 rule 5)."""
-    n, p = cfg.samples_per_iter, num_processes
+    """The batch must split evenly: samples per iteration over processes, then each process's samples into
+    ``train.updates_per_epoch`` updates, each into micro-batches of min(``train.micro_batch``, rows per update).
+    ``micro_batch`` is a cap, so a recipe runs unchanged on any process count that divides its samples; what
+    cannot split is refused with the valid values instead of adjusting anything."""
+    n, p, updates = cfg.samples_per_iter, num_processes, cfg.train.updates_per_epoch
     if n % p:
         raise ConfigError(f"train.prompts_per_iter × train.group_size = {n} samples do not split over {p} "
                           f"processes; choose prompts_per_iter as a multiple of {p}")
     local = n // p
-    chunk = cfg.train.micro_batch * cfg.train.updates_per_epoch
-    if local % chunk:
-        good = [d for d in range(1, local + 1) if local % (d * cfg.train.updates_per_epoch) == 0]
-        raise ConfigError(f"{local} samples per process do not split into train.updates_per_epoch="
-                          f"{cfg.train.updates_per_epoch} updates of train.micro_batch={cfg.train.micro_batch}; "
-                          f"valid micro_batch values: {good}")
+    if local % updates:
+        good = [d for d in range(1, local + 1) if local % d == 0]
+        raise ConfigError(f"{local} samples per process do not split into train.updates_per_epoch={updates} "
+                          f"updates; valid updates_per_epoch values: {good}")
+    rows = local // updates
+    if rows % min(cfg.train.micro_batch, rows):
+        good = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise ConfigError(f"{rows} rows per update per process ({local} samples / {updates} updates) do not "
+                          f"split into micro-batches of train.micro_batch={cfg.train.micro_batch}; valid "
+                          f"micro_batch values: {good} (or any value ≥ {rows})")
 
 
 def save_resolved(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:

@@ -5,8 +5,9 @@ Noise: sample (prompt p, seed s) starts from ``policy.noise([sample_generator(s,
 (``samplers.rng``), so every checkpoint and every policy of the same family sees the same starting noise, and
 before/after columns differ only by the weights. Sampling is the probability-flow ODE on the policy's own σ grid,
 Euler steps ``x' = x + (σ' − σ)·v`` (reference A §1.1, diffusers FlowMatchEulerDiscreteScheduler), CFG inside
-``policy.velocity``. The anchor evaluates the same way (ODE mode, ``eval_num_steps``; reference A §2.10) but keeps
-no local grids; here every evaluation writes files (reference E §3.6).
+``policy.velocity``, run by the sampling engine (``samplers.engine``) in chunks of ``batch_size`` pairs. The
+anchor evaluates the same way (ODE mode, ``eval_num_steps``; reference A §2.10) but keeps no local grids; here
+every evaluation writes files (reference E §3.6).
 
 Output layout of ``out_dir``::
 
@@ -46,8 +47,7 @@ from flowrl.eval.monitors import (
     detector_scores,
     evaluation_alarms,
 )
-from flowrl.eval.sample import EVAL_ITERATION, ode_sample
-from flowrl.types import Cond
+from flowrl.eval.sample import EVAL_ITERATION
 
 __all__ = ["EvalResult", "eval_metric_names", "run_eval"]
 
@@ -126,20 +126,20 @@ def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[di
 
     detectors: None, "images" or "shapes": add the image statistics as scores ``detect/<statistic>``
     (``flowrl.eval.monitors.detector_scores``)."""
+    from samplers.engine import SampleSpec, SamplingEngine
+
     policy, adapter_ctx = _unpack(policy_spec)
     P, S = len(prompts), len(seeds)
     pairs = [(p, j) for p in range(P) for j in range(S)]
     w = policy.default_guidance if guidance is None else guidance
+    engine = SamplingEngine(policy, SampleSpec(steps, height, width, num_frames, w, negative_prompt))
     tiles: list[np.ndarray] = []
     score_rows: dict[str, list[Tensor]] = {}
     with adapter_ctx():
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start:start + batch_size]
             texts = [prompts[p] for p, _ in chunk]
-            negative = [negative_prompt] * len(texts) if (w > 1 and negative_prompt is not None) else None
-            cond: Cond = policy.encode(texts, negative, cfg=w > 1)
-            x1 = policy.noise([_generator(seeds[j], p) for p, j in chunk], height, width, num_frames)
-            pixels = policy.decode(ode_sample(policy, x1, cond, steps, w)).float()
+            pixels = engine.sample(texts, [_generator(seeds[j], p) for p, j in chunk], decode=True).pixels
             scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
                             torch.tensor([p for p, _ in chunk]))
             if detectors is not None:

@@ -30,9 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl.config.loader import plugin_field
-from flowrl.objectives.sources import Rollout
-from flowrl.training.rollout import Samples
+from flowrl.config.loader import Plugin, plugin_field
+from flowrl.training.rollout import Samples, record
 from flowrl.training.scouts import Candidates
 
 SCOUTS = "flowrl.training.scouts:SCOUTS"
@@ -77,63 +76,56 @@ def fidelity_metrics(scout: Tensor, regen: Tensor) -> dict:
 
 
 class PoolStage:
-    """Scout → select → regenerate for one iteration (module docstring); built by ``RolloutStage``."""
+    """Scout → select → regenerate for one iteration (module docstring): the sampling engine, the pool config,
+    the iteration layout, the step-plan function and the reward set are all it uses."""
 
-    def __init__(self, base, cfg: PoolConfig):
-        self.base, self.cfg = base, cfg
-        scout = cfg.scout.config if hasattr(cfg.scout, "config") else cfg.scout
+    def __init__(self, engine, cfg: PoolConfig, layout, plan, rewards):
+        from flowrl.training.scouts import ScoutContext
+
+        self.engine, self.cfg, self.layout = engine, cfg, layout
+        if rewards is None:
+            raise ValueError("sampler.pool: the scout needs the reward set; build RolloutStage with "
+                             "rewards=parts.rewards")
+        self.rewards, self.context = rewards, ScoutContext(engine, rewards, plan)
+        scout = cfg.scout.config if isinstance(cfg.scout, Plugin) else cfg.scout
         self.scout = copy.deepcopy(scout)        # the scout's state (prefix, FP4 copy) belongs to this stage
-        if cfg.candidates < base.G:
+        if cfg.candidates < layout.G:
             raise ValueError(f"sampler.pool.candidates ({cfg.candidates}) must be >= train.group_size "
-                             f"({base.G}), the candidates kept per prompt")
-
-    def local_prompts(self) -> range:
-        b = self.base
-        rows = range(b.P * b.G)[b.dist.local_slice(b.P * b.G)]
-        if len(rows) % b.G or rows.start % b.G:
-            raise ValueError(f"a candidate pool gives each process whole prompts: train.prompts_per_iter "
-                             f"({b.P}) must be a multiple of the number of processes")
-        return range(rows.start // b.G, rows.start // b.G + len(rows) // b.G)
+                             f"({layout.G}), the candidates kept per prompt")
 
     def select(self, scores: Tensor, iteration: int) -> Tensor:
         from samplers.rng import derived_generator
         from samplers.select import select
 
-        gen = derived_generator(self.base.seed, iteration, namespace="flowrl-pool")
-        return select(scores, self.base.G, self.cfg.select, generator=gen)
+        gen = derived_generator(self.layout.seed, iteration, namespace="flowrl-pool")
+        return select(scores, self.layout.G, self.cfg.select, generator=gen)
 
     def run(self, iteration: int) -> Samples:
-        b = self.base
-        if b.rewards is None:
-            raise ValueError("sampler.pool: the scout needs the reward set; build RolloutStage with "
-                             "rewards=parts.rewards")
-        ids = self.local_prompts()
-        items = b.prompts.batch(iteration, b.P)
+        lay, eng = self.layout, self.engine
+        ids = lay.local_prompts("a candidate pool")
+        items = lay.prompts.batch(iteration, lay.P)
         n = self.cfg.candidates
-        cands = Candidates([items[p][0] for p in ids], [dict(items[p][1]) for p in ids], list(ids), n, b.seed,
+        cands = Candidates([items[p][0] for p in ids], [dict(items[p][1]) for p in ids], list(ids), n, lay.seed,
                            iteration)
-        with torch.no_grad(), b.dist.autocast():
-            out = self.scout.score(b, cands, iteration)
+        with torch.no_grad(), lay.dist.autocast():
+            out = self.scout.score(self.context, cands, iteration)
             kept = self.select(out.scores, iteration)                     # (P_local, K) ascending
             rows = [p * n + int(j) for p in range(len(ids)) for j in kept[p]]
-            wrap = self.scout.resume(rows) if hasattr(self.scout, "resume") else None
-            counter = _Counter()
+            wrap = self.scout.resume(rows) if self.scout.resumable else _Counter()
             prompts = cands.row_prompts(rows)
-            cond, result = b.sample(prompts, cands.generators(rows), iteration,
-                                    wrap=counter.wrap if wrap is None else wrap)
-            pixels = b.decode(result.latents)
-        regen = counter.forwards if wrap is None else wrap.forwards
+            regen_out = eng.sample(prompts, cands.generators(rows), self.context.plan(iteration), wrap=wrap,
+                                   decode=True)
+        cond, result, regen = regen_out.cond, regen_out.result, wrap.forwards
         meta = [dict(cands.meta[r // n]) for r in rows]
         group_ids = torch.tensor([cands.prompt_ids[r // n] for r in rows], dtype=torch.long)
-        how = Rollout(cond, result, b.guidance, b.kernel, b.s.kernel.config, b.s.log_prob_reduce)
-        scale = b.P // len(ids)
+        scale = lay.P // len(ids)
         nfe = (out.forwards + regen) * scale
         metrics = {"rollout/forwards": nfe, "pool/scout_forwards": out.forwards * scale,
                    "pool/regen_forwards": regen * scale,
                    "pool/scout_nfe_share": out.forwards / max(1, out.forwards + regen),
                    "pool/scout_all_std": float(out.scores.std(dim=1, unbiased=False).mean()), **out.metrics}
-        samples = Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, metrics,
-                          row_offset=ids[0] * b.G if len(ids) else 0)
+        samples = Samples(prompts, meta, group_ids, cond, result, regen_out.pixels, record(eng.spec, cond, result),
+                          nfe, metrics, row_offset=ids[0] * lay.G if len(ids) else 0)
         if self.cfg.fidelity:
             metrics.update(self.fidelity(samples, out.scores, kept))
         return samples
@@ -144,17 +136,17 @@ class PoolStage:
 
         pixels = samples.pixels.float().clamp(0, 1)
         batch = RewardInput(pixels, samples.prompts, samples.group_ids, samples.meta)
-        regen = torch.nan_to_num(self.base.rewards(batch).total.float().cpu(), nan=float("-inf"))
+        regen = torch.nan_to_num(self.rewards(batch).total.float().cpu(), nan=float("-inf"))
         return fidelity_metrics(torch.gather(scores, 1, kept.cpu()), regen.view(kept.shape))
 
 
 class _Counter:
-    """A ``wrap`` that counts the model rows of the regeneration (no resume)."""
+    """A ``wrap`` that counts the model rows of the regeneration (no resume) in ``forwards``."""
 
     def __init__(self):
         self.forwards = 0
 
-    def wrap(self, chunk: slice, velocity_fn):
+    def __call__(self, chunk: slice, velocity_fn):
         def counted(x, sig):
             self.forwards += x.shape[0]
             return velocity_fn(x, sig)

@@ -2,12 +2,12 @@
 
 Row r of the iteration (r = p·G + j: prompt p, sample j) draws all its noise from its own generator
 ``sample_generator(seed, iteration, p, j)`` (samplers.rng), so a sample is the same whichever process or batch
-makes it, and resume replays it. Rollouts run in chunks of ``micro_batch`` rows: encode (with the negative prompt
-when guidance > 1), starting noise, the family's σ grid, then ``samplers.rollout`` with the configured kernel,
-step plan (window) and log-prob reduction. With ``sampler.tree`` set, ``flowrl.training.trees`` grows
-one branching tree per prompt instead (the leaves are the samples, the trained edges the rows); with
-``sampler.pool`` set, ``flowrl.training.pool`` scouts N candidate seeds per prompt and this stage regenerates
-the K kept ones.
+makes it, and resume replays it. The sampling engine (``samplers.engine``) runs them in chunks of
+``sampler.chunk`` rows: encode (with the negative prompt when guidance > 1), starting noise, the family's σ grid,
+then the flat rollout with the configured kernel, step plan (window) and log-prob reduction. A strategy may
+replace the flat rollout: with ``sampler.tree`` set, ``flowrl.training.trees`` grows one branching tree per
+prompt (the leaves are the samples, the trained edges the rows); with ``sampler.pool`` set,
+``flowrl.training.pool`` scouts N candidate seeds per prompt and regenerates the K kept ones.
 
 ``Samples.metrics`` carries the stage's per-iteration figures for the loop to log: ``rollout/forwards``
 (velocity evaluations spent sampling, all processes), ``train/rows`` and, for stored trajectories,
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from flowrl.objectives.sources import Rollout
-from flowrl.types import Cond, RolloutResult, Trajectory
+from flowrl.types import Cond, RolloutResult
 
 
 @dataclass
@@ -56,58 +57,70 @@ class Samples:
                        idx + self.row_offset)
 
 
-def concat_results(results: list[RolloutResult]) -> RolloutResult:
-    """Rollouts of consecutive row chunks → one RolloutResult (same schedule and plan)."""
-    if len(results) == 1:
-        return results[0]
-    first = results[0]
-    traj = None
-    if first.traj is not None:
-        cat = {}
-        for name in Trajectory.__dataclass_fields__:
-            vals = [getattr(r.traj, name) for r in results]
-            cat[name] = vals[0] if (name == "step_idx" or vals[0] is None) else torch.cat(vals)
-        traj = Trajectory(**cat)
-    x0 = None if first.x0_pred is None else torch.cat([r.x0_pred for r in results])
-    return RolloutResult(torch.cat([r.latents for r in results]), first.sigmas, traj, x0, first.nfe)
+@dataclass
+class Layout:
+    """An iteration's rows: P prompts × G samples over all processes; row r = p·G + j is (prompt p, sample j),
+    its noise from ``sample_generator(seed, iteration, p, j)``."""
+
+    prompts: Any                       # flowrl.data.prompts source: ``batch(iteration, P)`` → [(text, meta)]
+    P: int
+    G: int
+    seed: int
+    dist: Any                          # flowrl.distributed.processes.Dist: this process's slice of the rows
+
+    def local_rows(self) -> range:
+        """This process's row indices of the iteration."""
+        return range(self.P * self.G)[self.dist.local_slice(self.P * self.G)]
+
+    def local_prompts(self, what: str) -> range:
+        """This process's prompt indices when a strategy (``what``) needs whole prompts per process."""
+        rows = self.local_rows()
+        if len(rows) % self.G or rows.start % self.G:
+            raise ValueError(f"{what} gives each process whole prompts: train.prompts_per_iter ({self.P}) "
+                             "must be a multiple of the number of processes")
+        return range(rows.start // self.G, rows.start // self.G + len(rows) // self.G)
 
 
-def cat_conds(conds: list[Cond]) -> Cond:
-    if len(conds) == 1:
-        return conds[0]
-    emb = {k: torch.cat([c.embeds[k] for c in conds]) for k in conds[0].embeds}
-    unc = None if conds[0].uncond is None else {k: torch.cat([c.uncond[k] for c in conds]) for k in conds[0].uncond}
-    return Cond(emb, unc, [p for c in conds for p in c.prompts])
+def record(spec, cond: Cond, result: RolloutResult) -> Rollout:
+    """How rows were sampled, as an objective source reads it (guidance, kernel, kernel Config, reduction)."""
+    return Rollout(cond, result, spec.guidance, spec.kernel, spec.kernel_cfg, spec.reduce)
 
 
 class RolloutStage:
     """Samples an iteration's prompts × group with the "old" weights; ``run(it)`` → ``Samples``."""
 
     def __init__(self, policy, sampler_cfg, kernel, window, prompts, dist, *, seed: int, prompts_per_iter: int,
-                 group_size: int, micro_batch: int, negative_prompt: str, store_trajectory: bool,
+                 group_size: int, chunk: int | None, negative_prompt: str, store_trajectory: bool,
                  rewards=None):
-        self.policy, self.s, self.kernel, self.window = policy, sampler_cfg, kernel, window
-        self.rewards = rewards             # rewards.RewardSet: what a candidate-pool scout scores with
-        self.prompts, self.dist, self.seed = prompts, dist, seed
-        self.P, self.G, self.micro_batch = prompts_per_iter, group_size, micro_batch
-        self.negative_prompt, self.store_trajectory = negative_prompt, store_trajectory
-        g = sampler_cfg.guidance
-        self.guidance = float(policy.default_guidance if g is None else g)
-        tree, pool = getattr(sampler_cfg, "tree", None), getattr(sampler_cfg, "pool", None)
+        from samplers.engine import SampleSpec, SamplingEngine
+
+        s = sampler_cfg
+        self.kernel, self.window, self.steps = kernel, window, s.steps
+        self.layout = Layout(prompts, prompts_per_iter, group_size, seed, dist)
+        self.dist, self.seed = dist, seed
+        guidance = float(policy.default_guidance if s.guidance is None else s.guidance)
+        self.engine = SamplingEngine(policy, SampleSpec(
+            s.steps, s.height, s.width, s.num_frames, guidance, negative_prompt, kernel, s.kernel.config,
+            s.log_prob_reduce, store_trajectory, chunk, adapter="old", restart=s.restart))
+        tree, pool = s.tree, s.pool
         if tree is not None and pool is not None:
             raise ValueError("sampler.pool and sampler.tree cannot be combined; set one of them to null")
-        if sampler_cfg.restart is not None and (kernel.stochastic or tree is not None or pool is not None):
+        if s.restart is not None and (kernel.stochastic or tree is not None or pool is not None):
             raise ValueError("sampler.restart replaces a deterministic (ODE) rollout: it needs sampler.kernel.kind "
                              "ode and no sampler.tree / sampler.pool (Restart's jumps have no policy log-prob)")
-        self.trees = self.pool = None
+        self.strategy = None
         if tree is not None:
             from flowrl.training.trees import TreeStage
 
-            self.trees = TreeStage(self, tree)
+            self.strategy = TreeStage(self.engine, tree, self.layout, self.plan)
         if pool is not None:
             from flowrl.training.pool import PoolStage
 
-            self.pool = PoolStage(self, pool)
+            self.strategy = PoolStage(self.engine, pool, self.layout, self.plan, rewards)
+
+    @property
+    def guidance(self) -> float:
+        return self.engine.spec.guidance
 
     def plan(self, iteration: int):
         """Which rollout steps are SDE (stored): none for a deterministic kernel, else the window's plan."""
@@ -116,73 +129,23 @@ class RolloutStage:
         if not self.kernel.stochastic:
             return None
         rng = random.Random(derived_seed(self.seed, iteration, "window"))
-        return self.window.plan(iteration, self.s.steps, rng)
+        return self.window.plan(iteration, self.steps, rng)
 
     def run(self, iteration: int) -> Samples:
         from samplers.rng import sample_generator
 
-        if self.trees is not None:
-            return self.trees.run(iteration)
-        if self.pool is not None:
-            return self.pool.run(iteration)
-        items = self.prompts.batch(iteration, self.P)
-        rows = list(range(self.P * self.G))[self.dist.local_slice(self.P * self.G)]
-        prompts = [items[r // self.G][0] for r in rows]
-        meta = [dict(items[r // self.G][1]) for r in rows]
-        group_ids = torch.tensor([r // self.G for r in rows], dtype=torch.long)
-        gens = [sample_generator(self.seed, iteration, r // self.G, r % self.G) for r in rows]
+        if self.strategy is not None:
+            return self.strategy.run(iteration)
+        lay = self.layout
+        items = lay.prompts.batch(iteration, lay.P)
+        rows = list(lay.local_rows())
+        prompts = [items[r // lay.G][0] for r in rows]
+        meta = [dict(items[r // lay.G][1]) for r in rows]
+        group_ids = torch.tensor([r // lay.G for r in rows], dtype=torch.long)
+        gens = [sample_generator(self.seed, iteration, r // lay.G, r % lay.G) for r in rows]
         with torch.no_grad(), self.dist.autocast():
-            cond, result = self.sample(prompts, gens, iteration)
-            pixels = self.decode(result.latents)
-        how = Rollout(cond, result, self.guidance, self.kernel, self.s.kernel.config, self.s.log_prob_reduce)
-        nfe = int(result.nfe) * self.P * self.G
-        return Samples(prompts, meta, group_ids, cond, result, pixels, how, nfe, {"rollout/forwards": nfe},
+            out = self.engine.sample(prompts, gens, self.plan(iteration), decode=True)
+        nfe = int(out.result.nfe) * lay.P * lay.G
+        return Samples(prompts, meta, group_ids, out.cond, out.result, out.pixels,
+                       record(self.engine.spec, out.cond, out.result), nfe, {"rollout/forwards": nfe},
                        row_offset=rows[0] if rows else 0)
-
-    def calls_per_sample(self, plan) -> int:
-        """Model calls of one flat rollout of ``sampler.steps`` steps with ``plan`` (merged SDE steps and a
-        compressed tail make fewer)."""
-        from samplers.tree import build_stages
-        from samplers.tree_spec import BranchPlan
-        from samplers.windows import StepPlan
-
-        n = self.s.steps
-        return len(build_stages(torch.linspace(1.0, 0.0, n + 1), plan or StepPlan(n), BranchPlan(n)))
-
-    def sample(self, prompts: list[str], gens: list, iteration: int, wrap=None) -> tuple[Cond, RolloutResult]:
-        """Roll out ``prompts`` (one generator each) with the "old" weights, in chunks of micro_batch;
-        ``wrap(chunk slice, velocity_fn) -> velocity_fn`` may intercept a chunk's model calls (pools)."""
-        from samplers.restart import restart_sample
-        from samplers.rollout import rollout
-
-        s, w, policy = self.s, self.guidance, self.policy
-        plan, conds, results = self.plan(iteration), [], []
-        neg = [self.negative_prompt] * len(prompts) if w > 1 else None
-        for a in range(0, len(prompts), self.micro_batch):
-            sl = slice(a, a + self.micro_batch)
-            cond = policy.encode(prompts[sl], None if neg is None else neg[sl], cfg=w > 1)
-            x1 = policy.noise(gens[sl], s.height, s.width, s.num_frames)
-            sigmas = policy.sigmas(s.steps, x1)
-            vf = lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w)   # noqa: E731
-            with policy.adapter("old"):
-                if s.restart is not None:
-                    res = restart_sample(vf, x1, sigmas, s.restart, gens[sl])
-                else:
-                    res = rollout(vf if wrap is None else wrap(sl, vf), x1, sigmas, plan, self.kernel,
-                                  s.kernel.config, gens[sl], reduce=s.log_prob_reduce,
-                                  store=self.store_trajectory)
-            conds.append(cond)
-            results.append(res)
-        return cat_conds(conds), concat_results(results)
-
-    def encode(self, prompts: list[str]) -> Cond:
-        """Conditioning of ``prompts`` (with the negative prompt when guidance > 1), micro_batch at a time."""
-        w, mb = self.guidance, self.micro_batch
-        neg = [self.negative_prompt] * len(prompts) if w > 1 else None
-        return cat_conds([self.policy.encode(prompts[a:a + mb], None if neg is None else neg[a:a + mb],
-                                             cfg=w > 1) for a in range(0, len(prompts), mb)])
-
-    def decode(self, latents: Tensor) -> Tensor:
-        step = self.micro_batch
-        return torch.cat([self.policy.decode(latents[a:a + step]).float() for a in range(0, latents.shape[0], step)])
-

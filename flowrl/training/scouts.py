@@ -1,11 +1,12 @@
 """Candidate-pool scouts: score N candidate seeds per prompt cheaply, behind one interface (ref. F §B.5).
 
-``scout.score(stage, cands, iteration) -> ScoutOut``: one score per candidate (P, N) — the reward set's
-weighted total on the scout's image of that seed — plus the velocity evaluations it spent. ``cands`` lays
-the candidates out prompt-major (row p·N + j = prompt p, seed j, noise from ``sample_generator(seed,
-iteration, p, j)``), and every scout runs them in chunks of ``train.micro_batch`` rows with per-sample
-generators, so a candidate's score never depends on its batch companions (FP4 activations use block-local
-scales, ``samplers.fp4``).
+``scout.score(ctx, cands, iteration) -> ScoutOut`` (``ctx``: a ``ScoutContext``): one score per candidate
+(P, N) — the reward set's weighted total on the scout's image of that seed — plus the velocity evaluations it
+spent. ``cands`` lays the candidates out prompt-major (row p·N + j = prompt p, seed j, noise from
+``sample_generator(seed, iteration, p, j)``), and every scout runs them through the sampling engine in chunks
+of ``sampler.chunk`` rows with per-sample generators, so a candidate's score never depends on its batch
+companions (FP4 activations use block-local scales, ``samplers.fp4``). ``resumable`` scouts also offer
+``resume(rows)``: the kept candidates continue from the scout's recorded prefix.
 
   steps(k)         the sampling ("old") policy, a k-step Euler ODE from the seed's noise (Sol-RL's preview:
                    6 of 10 steps). Cost k per candidate.
@@ -24,9 +25,10 @@ scales, ``samplers.fp4``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -71,6 +73,16 @@ class Candidates:
 
 
 @dataclass
+class ScoutContext:
+    """What a scout may use: the sampling engine (the "old" weights, the training kernel, the rollout chunk),
+    the reward set, and the function giving an iteration's step plan."""
+
+    engine: Any                        # samplers.engine.SamplingEngine
+    rewards: Any                       # rewards.RewardSet
+    plan: Callable[[int], Any]
+
+
+@dataclass
 class ScoutOut:
     scores: Tensor                     # (P, N) float32, the reward set's total (NaN → −inf)
     forwards: int                      # velocity evaluations spent (this process)
@@ -87,22 +99,10 @@ def score_images(rewards, pixels: Tensor, cands: Candidates) -> Tensor:
     return total.view(len(cands.prompts), cands.n)
 
 
-def ode_images(stage, cands: Candidates, steps: int) -> tuple[Tensor, int]:
-    """Decoded k-step Euler ODE samples of every candidate with the current weights: (pixels, NFE)."""
-    from samplers.rollout import rollout
-
-    policy, s, w, mb = stage.policy, stage.s, stage.guidance, stage.micro_batch
-    gens, prompts = cands.generators(), cands.row_prompts()
-    x1 = policy.noise(gens, s.height, s.width, s.num_frames)
-    sigmas = policy.sigmas(steps, x1)
-    pixels, nfe = [], 0
-    for a in range(0, cands.rows, mb):
-        cond = stage.encode(prompts[a:a + mb])
-        res = rollout(lambda x, sig, cond=cond: policy.velocity(x, sig, cond, w), x1[a:a + mb], sigmas, None,
-                      "ode")
-        nfe += res.nfe * res.latents.shape[0]
-        pixels.append(stage.decode(res.latents))
-    return torch.cat(pixels), nfe
+def ode_images(engine, cands: Candidates) -> tuple[Tensor, int]:
+    """Decoded Euler ODE samples of every candidate with ``engine`` (its steps and weights): (pixels, NFE)."""
+    out = engine.sample(cands.row_prompts(), cands.generators(), decode=True)
+    return out.pixels, out.result.nfe * cands.rows
 
 
 @dataclass
@@ -110,48 +110,43 @@ class StepsScout:
     """The same ("old") policy with fewer Euler ODE steps."""
 
     steps: int = 6
+    resumable: ClassVar[bool] = False
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"steps scout: steps must be >= 1, got {self.steps}")
 
-    def score(self, stage, cands: Candidates, iteration: int) -> ScoutOut:
-        with stage.policy.adapter("old"):
-            pixels, nfe = ode_images(stage, cands, self.steps)
-        return ScoutOut(score_images(stage.rewards, pixels, cands), nfe)
+    def score(self, ctx: ScoutContext, cands: Candidates, iteration: int) -> ScoutOut:
+        pixels, nfe = ode_images(ctx.engine.ode(self.steps), cands)
+        return ScoutOut(score_images(ctx.rewards, pixels, cands), nfe)
 
 
 class _ExitReached(Exception):
     """Raised by the recording velocity after the exit call: the prefix is done."""
 
 
-def prefix_rollout(stage, cands: Candidates, iteration: int, k: int | None) -> dict:
-    """The training rollout (kernel, window, "old" policy) of every candidate in chunks of micro_batch,
+def prefix_rollout(ctx: ScoutContext, cands: Candidates, iteration: int, k: int | None) -> dict:
+    """The training rollout (kernel, window, "old" policy) of every candidate, a rollout chunk at a time,
     recording each model call: stopped after call k, or run to the end when k is None. Returns {"v": (calls,
     N, ...) velocities, "x": the latents of the last recorded call, "sigma": its σ, "latents": the final
     latents (k None) or None, "k": the index of the last recorded call}."""
-    from samplers.rollout import rollout
-
-    policy, s, w, mb = stage.policy, stage.s, stage.guidance, stage.micro_batch
+    eng, plan = ctx.engine, ctx.plan(iteration)
     gens, prompts = cands.generators(), cands.row_prompts()
-    x1 = policy.noise(gens, s.height, s.width, s.num_frames)
-    sigmas, plan = policy.sigmas(s.steps, x1), stage.plan(iteration)
     vs, xs, finals, sigma = [], [], [], 0.0
-    for a in range(0, cands.rows, mb):
-        cond, calls = stage.encode(prompts[a:a + mb]), []
+    for sl in eng.chunks(cands.rows):
+        calls = []
 
-        def record(x, sig, cond=cond, calls=calls):
-            v = policy.velocity(x, sig, cond, w)
-            calls.append((x, sig, v))
-            if k is not None and len(calls) > k:
-                raise _ExitReached
-            return v
+        def record(chunk, velocity_fn, calls=calls):
+            def recorded(x, sig):
+                v = velocity_fn(x, sig)
+                calls.append((x, sig, v))
+                if k is not None and len(calls) > k:
+                    raise _ExitReached
+                return v
+            return recorded
 
         try:
-            with policy.adapter("old"):
-                res = rollout(record, x1[a:a + mb], sigmas, plan, stage.kernel, s.kernel.config,
-                              gens[a:a + mb], reduce=s.log_prob_reduce, store=False)
-            finals.append(res.latents)
+            finals.append(eng.sample(prompts[sl], gens[sl], plan, wrap=record, store=False).result.latents)
         except _ExitReached:
             pass
         vs.append(torch.stack([v for _, _, v in calls]))              # (calls, chunk, ...)
@@ -166,6 +161,7 @@ class _Resumable:
     """Kept candidates continue from the recorded prefix (``_prefix``) instead of recomputing it."""
 
     _prefix: dict
+    resumable: ClassVar[bool] = True
 
     def resume(self, rows: list[int]):
         """A ``wrap(chunk, velocity_fn)`` for the regeneration of candidate ``rows`` (in regeneration order):
@@ -209,13 +205,12 @@ class X0ExitScout(_Resumable):
         """k: model calls completed before the exit (the velocity at call k is the score's, and reused)."""
         return min(max(1, round(self.fraction * calls)), calls - 1)
 
-    def score(self, stage, cands: Candidates, iteration: int) -> ScoutOut:
-        k = self.exit_call(stage.calls_per_sample(stage.plan(iteration)))
-        self._prefix = pre = prefix_rollout(stage, cands, iteration, k)
+    def score(self, ctx: ScoutContext, cands: Candidates, iteration: int) -> ScoutOut:
+        k = self.exit_call(ctx.engine.calls_per_sample(ctx.plan(iteration)))
+        self._prefix = pre = prefix_rollout(ctx, cands, iteration, k)
         x0_hat = pre["x"].float() - pre["sigma"] * pre["v"][k].float()          # x̂0 = x_k − σ_k·v(x_k)
-        mb = stage.micro_batch
-        pixels = torch.cat([stage.decode(x0_hat[a:a + mb]) for a in range(0, cands.rows, mb)])
-        out = ScoutOut(score_images(stage.rewards, pixels, cands), cands.rows * (k + 1))
+        pixels = ctx.engine.decode(x0_hat)
+        out = ScoutOut(score_images(ctx.rewards, pixels, cands), cands.rows * (k + 1))
         out.metrics["pool/exit_sigma"] = pre["sigma"]
         return out
 
@@ -228,11 +223,10 @@ class FullScout(_Resumable):
 
     _prefix: dict = field(default_factory=dict, repr=False)
 
-    def score(self, stage, cands: Candidates, iteration: int) -> ScoutOut:
-        self._prefix = pre = prefix_rollout(stage, cands, iteration, None)
-        mb = stage.micro_batch
-        pixels = torch.cat([stage.decode(pre["latents"][a:a + mb]) for a in range(0, cands.rows, mb)])
-        return ScoutOut(score_images(stage.rewards, pixels, cands), cands.rows * (pre["k"] + 1))
+    def score(self, ctx: ScoutContext, cands: Candidates, iteration: int) -> ScoutOut:
+        self._prefix = pre = prefix_rollout(ctx, cands, iteration, None)
+        pixels = ctx.engine.decode(pre["latents"])
+        return ScoutOut(score_images(ctx.rewards, pixels, cands), cands.rows * (pre["k"] + 1))
 
 
 @contextmanager
@@ -258,6 +252,7 @@ class FP4Scout:
     min_dim: int = 64
     skip: tuple[str, ...] | None = None
     _copy: Any = field(default=None, repr=False)
+    resumable: ClassVar[bool] = False
 
     def __post_init__(self):
         if self.fmt not in ("nvfp4", "mxfp4"):
@@ -281,10 +276,12 @@ class FP4Scout:
         del merged
         return time.perf_counter() - t0
 
-    def score(self, stage, cands: Candidates, iteration: int) -> ScoutOut:
-        seconds = self.refresh(stage.policy)
-        with transformer_swapped(stage.policy, self._copy):
-            pixels, nfe = ode_images(stage, cands, self.steps or stage.s.steps)
-        out = ScoutOut(score_images(stage.rewards, pixels, cands), nfe)
+    def score(self, ctx: ScoutContext, cands: Candidates, iteration: int) -> ScoutOut:
+        from samplers.engine import CURRENT
+
+        seconds = self.refresh(ctx.engine.policy)
+        with transformer_swapped(ctx.engine.policy, self._copy):
+            pixels, nfe = ode_images(ctx.engine.ode(self.steps).replace(adapter=CURRENT), cands)
+        out = ScoutOut(score_images(ctx.rewards, pixels, cands), nfe)
         out.metrics["pool/scout_refresh_s"] = seconds
         return out

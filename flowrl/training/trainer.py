@@ -58,7 +58,7 @@ class Trainer:
         t, seed = cfg.train, cfg.run.seed
         self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
                                     seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
-                                    micro_batch=t.micro_batch, negative_prompt=cfg.data.negative_prompt,
+                                    chunk=cfg.sampler.chunk, negative_prompt=cfg.data.negative_prompt,
                                     store_trajectory=p.objective.TRAINS_ON.stores_trajectory, rewards=p.rewards)
         weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
         self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,

@@ -8,7 +8,8 @@ its trained edges the rows (docs/training.md "Trees in training"; reference F §
   child j of a split gets ``child_generator(parent, step, j)``), so a tree draws the same noise alone or
   beside any other;
 - ``velocity_fn(x, σ, roots) = policy.velocity(x, σ, cond.select(roots), w)`` under the "old" adapter: the
-  frontier of all this process's trees goes through one call per step (chunks of ``train.micro_batch``);
+  frontier of all this process's trees goes through one call per step (chunks of ``sampler.chunk``), grown by
+  the sampling engine (``samplers.engine.SamplingEngine.grow``);
 - leaves: the samples the rewards score; a prompt's leaves are its group, so ``train.group_size`` must equal
   the leaves per tree; ``rollout_nfe`` = Σ frontier sizes (a shared prefix once), over all processes.
 
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from flowrl.objectives.sources import Rollout
-from flowrl.training.rollout import Samples
+from flowrl.training.rollout import Samples, record
 from flowrl.types import Cond, RolloutResult
 
 
@@ -105,86 +106,55 @@ class TreeSamples(Samples):
 
 
 class TreeStage:
-    """Grows this process's trees of one iteration (module docstring); built by ``RolloutStage``."""
+    """Grows this process's trees of one iteration (module docstring): the sampling engine, the tree config,
+    the iteration layout and the step-plan function are all it uses."""
 
-    def __init__(self, base, tree_cfg):
-        self.base, self.cfg = base, tree_cfg
+    def __init__(self, engine, tree_cfg, layout, plan):
+        self.engine, self.cfg, self.layout, self.plan = engine, tree_cfg, layout, plan
         self.spec = tree_cfg.spec(None)
-        plan, branch = base.plan(0), self.branch(0)
-        if branch.splits and not base.kernel.stochastic:
-            raise ValueError(f"sampler.tree: split steps are SDE steps but sampler.kernel is "
-                             f"{base.kernel.name!r}; set sampler.kernel.kind=flow_sde (or dance_sde, cps)")
-        if branch.trunk and plan is not None and plan.sde_steps:
+        kernel = engine.spec.kernel                  # the Kernel the rollout stage built
+        first_plan, branch = plan(0), self.branch(0)
+        if branch.splits and not kernel.stochastic:
+            raise ValueError(f"sampler.tree: split steps are SDE steps but sampler.kernel is {kernel.name!r}; "
+                             "set sampler.kernel.kind=flow_sde (or dance_sde, cps)")
+        if branch.trunk and first_plan is not None and first_plan.sde_steps:
             raise ValueError("sampler.tree: this branching grows from a deterministic (ODE) trunk; set "
                              "sampler.window={kind: fixed, steps: []}")
         leaves = leaves_per_tree(branch)
-        if leaves != base.G:
+        if leaves != layout.G:
             raise ValueError(f"sampler.tree grows {leaves} leaves per tree and a prompt's leaves are its "
-                             f"group; set train.group_size={leaves} (it is {base.G})")
+                             f"group; set train.group_size={leaves} (it is {layout.G})")
 
     def branch(self, iteration: int):
         """The iteration's split plan (random windows draw from a generator seeded by (seed, iteration))."""
         from samplers.rng import derived_seed
 
-        rng = random.Random(derived_seed(self.base.seed, iteration, "branch"))
-        return self.spec.branching.plan(iteration, self.base.s.steps, rng)
-
-    def local_prompts(self) -> range:
-        """This process's prompt indices: whole trees only."""
-        b = self.base
-        rows = range(b.P * b.G)[b.dist.local_slice(b.P * b.G)]
-        if len(rows) % b.G or rows.start % b.G:
-            raise ValueError(f"tree rollouts give each process whole trees: train.prompts_per_iter ({b.P}) "
-                             "must be a multiple of the number of processes")
-        return range(rows.start // b.G, rows.start // b.G + len(rows) // b.G)
+        rng = random.Random(derived_seed(self.layout.seed, iteration, "branch"))
+        return self.spec.branching.plan(iteration, self.engine.spec.steps, rng)
 
     def run(self, iteration: int) -> TreeSamples:
         from samplers.rng import sample_generator
 
-        b = self.base
-        ids = self.local_prompts()
-        items = b.prompts.batch(iteration, b.P)
+        lay, eng = self.layout, self.engine
+        ids = lay.local_prompts("tree rollouts")
+        items = lay.prompts.batch(iteration, lay.P)
         prompts = [items[p][0] for p in ids]
-        gens = [sample_generator(b.seed, iteration, p, 0) for p in ids]
-        with torch.no_grad(), b.dist.autocast():
-            cond, tree = self.grow(prompts, gens, iteration)
-            pixels = b.decode(tree.latents)
+        gens = [sample_generator(lay.seed, iteration, p, 0) for p in ids]
+        with torch.no_grad(), lay.dist.autocast():
+            cond, tree = eng.grow(prompts, gens, self.plan(iteration), self.branch(iteration), self.spec.noise)
+            pixels = eng.decode(tree.latents)
         leaf_root = tree.leaf_root
-        expected = torch.arange(len(ids)).repeat_interleave(b.G)
+        expected = torch.arange(len(ids)).repeat_interleave(lay.G)
         if not torch.equal(leaf_root, expected):
             raise ValueError(f"sampler.tree: iteration {iteration} grew {leaf_root.numel()} leaves for "
-                             f"{len(ids)} trees; train.group_size={b.G} leaves per tree are needed")
+                             f"{len(ids)} trees; train.group_size={lay.G} leaves per tree are needed")
         roots = leaf_root.tolist()
         leaf_cond = cond.select(leaf_root)
         result = RolloutResult(tree.latents, tree.sigmas, None, tree.x0_pred, len(tree.frontier_sizes))
-        how = Rollout(leaf_cond, result, b.guidance, b.kernel, b.s.kernel.config, b.s.log_prob_reduce)
-        nfe = tree.forwards * b.P // len(ids)
+        nfe = tree.forwards * lay.P // len(ids)
         metrics = {"rollout/forwards": nfe, "tree/forwards_per_leaf": tree.forwards / leaf_root.numel(),
-                   "tree/leaves": b.P * b.G}
+                   "tree/leaves": lay.P * lay.G}
         group_ids = torch.tensor([ids[r] for r in roots], dtype=torch.long)
         return TreeSamples([prompts[r] for r in roots], [dict(items[ids[r]][1]) for r in roots], group_ids,
-                           leaf_cond, result, pixels, how, nfe, metrics, tree=tree, spec=self.spec,
-                           iteration=iteration, root_cond=cond, train_edges=b.store_trajectory)
-
-    def grow(self, prompts: list[str], gens: list, iteration: int):
-        """(cond per root, the TreeRollout) of ``prompts`` with the "old" weights."""
-        from samplers.tree import tree_rollout
-
-        b, s = self.base, self.base.s
-        cond = b.encode(prompts)
-        x1 = b.policy.noise(gens, s.height, s.width, s.num_frames)
-        sigmas = b.policy.sigmas(s.steps, x1)
-        plan, branch = b.plan(iteration), self.branch(iteration)
-        stochastic = b.kernel.stochastic
-        kernel, ode = (b.kernel, "ode") if stochastic else ("flow_sde", b.kernel)
-        policy, w = b.policy, b.guidance
-
-        def velocity(x: Tensor, sig: Tensor, roots: Tensor) -> Tensor:
-            return policy.velocity(x, sig, cond.select(roots), w)
-
-        with policy.adapter("old"):
-            tree = tree_rollout(velocity, x1, sigmas, plan, branch, noise=self.spec.noise, kernel=kernel,
-                                kernel_cfg=s.kernel.config if stochastic else None, ode_kernel=ode,
-                                ode_kernel_cfg=None if stochastic else s.kernel.config, generators=gens,
-                                reduce=s.log_prob_reduce, store=b.store_trajectory, max_batch=b.micro_batch)
-        return cond, tree
+                           leaf_cond, result, pixels, record(eng.spec, leaf_cond, result), nfe, metrics, tree=tree,
+                           spec=self.spec, iteration=iteration, root_cond=cond, train_edges=eng.spec.store)

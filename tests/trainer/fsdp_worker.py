@@ -32,13 +32,15 @@ def grpo(out: Path, name: str, iterations: int = 2) -> list[str]:
     """GRPO on the LoRA adapters, one optimizer step per iteration (every step sees the whole global batch, so
     one process trains the same as two), evaluation before and after (every process samples under FSDP)."""
     return [*toy_overrides(out, "grpo", name, iterations), "run.cpu=true", "train.updates_per_epoch=1",
-            "train.micro_batch=1", "rewards={jpeg_compressibility: 1.0}", "eval.before=true", "eval.after=true"]
+            "train.micro_batch=1", "sampler.chunk=1", "rewards={jpeg_compressibility: 1.0}", "eval.before=true",
+            "eval.after=true"]
 
 
 def nft_full(out: Path, name: str) -> list[str]:
     """NFT fine-tuning every transformer weight ("old" and the base are frozen sharded copies), MARBLE over two
     rewards (its per-reward gradient Gram runs through the sharded backward), the eval EMA."""
     return [*toy_overrides(out, "nft", name, 2), "run.cpu=true", "policy.lora=null", "train.micro_batch=1",
+            "sampler.chunk=1",
             "advantage.balancer={kind: marble, solve_every: 1}",
             "rewards={jpeg_compressibility: 1.0, shapes_ink_budget: 0.5}", *NO_EVAL]
 

@@ -62,7 +62,7 @@ def test_tiny_model_families_end_to_end(tmp_path, family):
         f"policy.kind={family}", "policy.tiny=true", "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}",
         f"objective.kind={objective}", f"sampler.kernel.kind={kernel}", "sampler.steps=2",
         "rewards={jpeg_compressibility: 1.0}", "train.iterations=1", "train.prompts_per_iter=2", "train.group_size=2",
-        "train.micro_batch=2", "train.updates_per_epoch=2",
+        "train.micro_batch=2", "sampler.chunk=2", "train.updates_per_epoch=2",
         "data.train=configs/prompts/video_test.txt", "eval.before=false", "eval.after=false",
         f"run.output_dir={tmp_path}", "run.name=run", "log.progress=false",
     ] + extra

@@ -29,7 +29,7 @@ WORKER = str(Path(__file__).with_name("fsdp_worker.py"))
 # so one process with the same global batch trains the same (two steps would permute each process's half)
 ONE_STEP = ["train.updates_per_epoch=1", "log.progress=false", "run.cpu=true"]
 TINY = ["policy.tiny=true", "policy.lora={rank: 2, alpha: 4}", "sampler.steps=4", "sampler.eval_steps=2",
-        "rewards={jpeg_compressibility: 1.0}", "train.prompts_per_iter=2", "train.micro_batch=1",
+        "rewards={jpeg_compressibility: 1.0}", "train.prompts_per_iter=2", "train.micro_batch=1", "sampler.chunk=1",
         "eval.before=false", "eval.after=false", "log.progress=false", "checkpoint.every=1", "checkpoint.keep=10",
         "run.cpu=true"]
 
@@ -102,7 +102,8 @@ def test_killed_under_torchrun_resumes_bitwise(tmp_path):
 
 
 @pytest.mark.parametrize("recipe, extra", [
-    ("configs/toy/trees/branchgrpo.yaml", ["train.group_size=8", "train.micro_batch=4", "sampler.steps=8"]),
+    ("configs/toy/trees/branchgrpo.yaml", ["train.group_size=8", "train.micro_batch=4", "sampler.chunk=4",
+                                           "sampler.steps=8"]),
     ("configs/toy/pools/pool_nft.yaml", ["sampler.pool.candidates=4", "train.group_size=2"]),
 ], ids=["tree", "pool_x0_exit"])
 def test_trees_and_pools_shard(tmp_path, recipe, extra):

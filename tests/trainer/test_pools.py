@@ -13,7 +13,7 @@ from conftest import toy_overrides
 from test_resume import assert_bitwise, final_state
 
 from flowrl.config import ConfigError, load_config, load_resolved
-from flowrl.training.pool import fidelity_metrics
+from flowrl.training.pool import PoolStage, fidelity_metrics
 from flowrl.training.scouts import Candidates
 from flowrl.training.trainer import Trainer
 from samplers.rng import sample_generator
@@ -29,10 +29,7 @@ VARIED = ["rewards={jpeg_compressibility: 1.0}"]       # a reward that varies on
 def pool_trainer(tmp_path, objective="nft", scout="x0_exit", extra=(), candidates=4):
     pool = f"sampler.pool={{candidates: {candidates}, scout: {SCOUTS[scout]}}}"
     ov = toy_overrides(tmp_path, objective) + ["sampler.steps=4", *VARIED, pool]
-    t = Trainer(load_config(None, ov + list(extra)))
-    if t.rollout.rewards is None:       # until the trainer passes rewards=parts.rewards to RolloutStage
-        t.rollout.rewards = t.parts.rewards
-    return t
+    return Trainer(load_config(None, ov + list(extra)))
 
 
 def cands(t, prompt_ids, n, size=None):
@@ -44,12 +41,13 @@ def cands(t, prompt_ids, n, size=None):
 
 @pytest.mark.parametrize("scout", sorted(SCOUTS))
 def test_a_scout_score_does_not_depend_on_its_batch_companions(tmp_path, scout):
-    t = pool_trainer(tmp_path, scout=scout, extra=["train.micro_batch=4", "train.updates_per_epoch=1"])
-    stage, sc = t.rollout, t.rollout.pool.scout
+    t = pool_trainer(tmp_path, scout=scout, extra=["train.micro_batch=4", "sampler.chunk=4",
+                                                   "train.updates_per_epoch=1"])
+    ctx, sc = t.rollout.strategy.context, t.rollout.strategy.scout
     with torch.no_grad():
-        a = sc.score(stage, cands(t, [0, 1], 2, 3), 0).scores   # one chunk of 4 rows: candidates of 0 and 1
-        b = sc.score(stage, cands(t, [0, 1], 2, 3), 0).scores
-        c = sc.score(stage, cands(t, [0, 2], 2, 3), 0).scores   # same shape, other companions
+        a = sc.score(ctx, cands(t, [0, 1], 2, 3), 0).scores     # one chunk of 4 rows: candidates of 0 and 1
+        b = sc.score(ctx, cands(t, [0, 1], 2, 3), 0).scores
+        c = sc.score(ctx, cands(t, [0, 2], 2, 3), 0).scores     # same shape, other companions
     assert torch.equal(a, b) and torch.equal(a[0], c[0])
     assert not torch.equal(a[0], c[1])                          # the scores do vary (not a vacuous check)
 
@@ -57,18 +55,20 @@ def test_a_scout_score_does_not_depend_on_its_batch_companions(tmp_path, scout):
 @pytest.mark.parametrize("objective", ["nft", "grpo"])
 @pytest.mark.parametrize("scout", ["x0_exit", "full", "steps"])
 def test_kept_candidates_are_the_flat_rollouts_of_the_selected_seeds(tmp_path, objective, scout):
-    # micro_batch 1: every model call sees one row, so "bit for bit" holds whatever the batch composition
-    t = pool_trainer(tmp_path, objective, scout, ["train.micro_batch=1", "train.updates_per_epoch=1"], 5)
+    # chunk 1: every model call sees one row, so "bit for bit" holds whatever the batch composition
+    t = pool_trainer(tmp_path, objective, scout, ["train.micro_batch=1", "sampler.chunk=1",
+                                                  "train.updates_per_epoch=1"], 5)
     stage, n, K = t.rollout, 5, t.cfg.train.group_size
     s = stage.run(0)
     with torch.no_grad():
-        scores = stage.pool.scout.score(stage, cands(t, [0, 1], n), 0).scores
+        scores = stage.strategy.scout.score(stage.strategy.context, cands(t, [0, 1], n), 0).scores
     kept = select(scores, K, "best_worst")
     assert s.group_ids.tolist() == [0] * K + [1] * K
     pairs = [(p, int(j)) for p in (0, 1) for j in kept[p]]
     for r, (p, j) in enumerate(pairs):
         with torch.no_grad():
-            _, alone = stage.sample([s.prompts[r]], [sample_generator(t.cfg.run.seed, 0, p, j)], 0)
+            alone = stage.engine.sample([s.prompts[r]], [sample_generator(t.cfg.run.seed, 0, p, j)],
+                                        stage.plan(0)).result
         assert torch.equal(alone.latents[0], s.result.latents[r])
         if objective == "grpo":                                 # the stored SDE steps, bit for bit
             assert torch.equal(alone.traj.x_next[0], s.result.traj.x_next[r])
@@ -108,12 +108,12 @@ def test_fidelity_metrics_are_select_pys():
 
 def test_fp4_scout_refreshes_from_the_old_adapter(tmp_path):
     t = pool_trainer(tmp_path, scout="fp4")
-    sc, stage = t.rollout.pool.scout, t.rollout
+    sc, ctx = t.rollout.strategy.scout, t.rollout.strategy.context
     with torch.no_grad():
-        before = sc.score(stage, cands(t, [0], 4), 0)
+        before = sc.score(ctx, cands(t, [0], 4), 0)
         for p in t.policy.adapter_parameters("old"):
             p.add_(0.05 * torch.randn_like(p))
-        after = sc.score(stage, cands(t, [0], 4), 0)
+        after = sc.score(ctx, cands(t, [0], 4), 0)
     assert before.metrics["pool/scout_refresh_s"] >= 0 and not torch.equal(before.scores, after.scores)
 
 
@@ -129,17 +129,16 @@ def test_clear_errors(tmp_path, bad, message):
 
 
 def test_a_pool_without_the_reward_set_says_so(tmp_path):
-    t = pool_trainer(tmp_path)
-    t.rollout.rewards = None
+    pool = pool_trainer(tmp_path).rollout.strategy
     with pytest.raises(ValueError, match="rewards=parts.rewards"):
-        t.rollout.run(0)
+        PoolStage(pool.engine, pool.cfg, pool.layout, pool.context.plan, None)
 
 
 def recipe_overrides(tmp_path):
     return [f"run.output_dir={tmp_path}", "run.name=run", 'run.mixed_precision="no"', "policy.tiny=true",
             "train.iterations=1", "train.prompts_per_iter=2", "eval.before=false", "eval.after=false",
             "log.progress=false", "checkpoint.every=0", "sampler.height=32", "sampler.width=32",
-            "sampler.pool.candidates=10", "train.micro_batch=4", *VARIED, "eval.held_out=[]"]
+            "sampler.pool.candidates=10", "train.micro_batch=4", "sampler.chunk=4", *VARIED, "eval.held_out=[]"]
 
 
 @pytest.mark.parametrize("recipe", ["configs/toy/pools/pool_nft.yaml", "configs/toy/pools/naive_nft.yaml",
@@ -150,8 +149,6 @@ def test_pool_recipes_run(tmp_path, recipe):
         ov += ["policy.max_sequence_length=8", "sampler.pool.scout.min_dim=0", "train.group_size=8",
                "train.updates_per_epoch=1", "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}"]
     t = Trainer(load_config(REPO / recipe, ov))
-    if t.rollout.rewards is None:
-        t.rollout.rewards = t.parts.rewards
     start = {k: v.clone() for k, v in t.policy.adapter_state_dict("train").items()}
     out = t.run()
     assert out["state"]["iteration"] == 1 and out["state"]["skipped_updates"] == 0
@@ -169,8 +166,6 @@ def test_kill_and_resume_a_pool_run_is_bitwise_identical(tmp_path):
 
     def run(cfg):
         t = Trainer(cfg)
-        if t.rollout.rewards is None:
-            t.rollout.rewards = t.parts.rewards
         t.run()
         return t
 

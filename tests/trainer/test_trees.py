@@ -61,10 +61,10 @@ def test_a_prompts_tree_is_the_same_alone(tmp_path):
     policy, cond = t.policy, s.root_cond.select([1])
     gen = [sample_generator(t.cfg.run.seed, 0, 1, 0)]
     x1 = policy.noise(gen, 32, 32)
-    spec = t.rollout.trees.spec
+    spec = t.rollout.strategy.spec
     with torch.no_grad(), policy.adapter("old"):
         alone = tree_rollout(lambda x, sig, r: policy.velocity(x, sig, cond.select(r), 1.0), x1,
-                             policy.sigmas(4, x1), t.rollout.plan(0), t.rollout.trees.branch(0),
+                             policy.sigmas(4, x1), t.rollout.plan(0), t.rollout.strategy.branch(0),
                              noise=spec.noise, kernel="dance_sde", generators=gen)
     # the noise is the same draw for draw; the network's matmuls may round differently at other batch sizes
     close = dict(atol=2e-5, rtol=0)
@@ -89,9 +89,9 @@ def test_edges_carry_the_tree_credit_of_the_balancer_advantages(tmp_path):
     adv = (R - mean) / std                                     # a per-group affine map of R
     rows, edge_adv = s.training_rows(adv)
     assert isinstance(rows, EdgeRows) and edge_adv.shape == (len(rows),) and torch.isfinite(edge_adv).all()
-    expected = assign_credit(s.tree, adv, t.rollout.trees.spec).batch
+    expected = assign_credit(s.tree, adv, t.rollout.strategy.spec).batch
     assert torch.equal(edge_adv, expected.advantage.float())
-    raw = assign_credit(s.tree, R, t.rollout.trees.spec).batch  # mean backup + depth z-score: invariant
+    raw = assign_credit(s.tree, R, t.rollout.strategy.spec).batch  # mean backup + depth z-score: invariant
     torch.testing.assert_close(edge_adv, raw.advantage.float(), atol=1e-5, rtol=0)
     no_std = ts.TreeSpec(ts.FixedSplits((0, 2)), advantage=ts.TreeAdvantage(std="none"))
     assert not torch.allclose(assign_credit(s.tree, adv, no_std).batch.advantage,   # not invariant (docs)
@@ -164,7 +164,7 @@ def check_tree_run(t, out):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "configs/toy/trees").glob("*.yaml")))
 def test_toy_tree_recipes_run(tmp_path, recipe):
-    ov = recipe_overrides(tmp_path) + ["policy.lora={rank: 2}", "train.micro_batch=4"]
+    ov = recipe_overrides(tmp_path) + ["policy.lora={rank: 2}", "train.micro_batch=4", "sampler.chunk=4"]
     cfg = load_config(REPO / "configs/toy/trees" / recipe, ov)
     t = Trainer(cfg)
     start = {k: v.clone() for k, v in t.policy.adapter_state_dict("train").items()}
@@ -180,7 +180,7 @@ FAMILIES = {
     "flux": ("configs/flux/branchgrpo_hpsv2.yaml", ["policy.max_sequence_length=8", "sampler.steps=10",
                                                      "policy.gradient_checkpointing=false"]),
     "wan": ("configs/toy/trees/branchgrpo.yaml", [
-        "policy.kind=wan", "policy.max_sequence_length=8", "train.micro_batch=4",
+        "policy.kind=wan", "policy.max_sequence_length=8", "train.micro_batch=4", "sampler.chunk=4",
         "policy.lora={rank: 2, alpha: 4, target_modules: [to_q]}",
         "sampler.height=16", "sampler.width=16", "sampler.num_frames=5",
         "data.train=configs/prompts/video_test.txt", "eval.held_out=[]",
