@@ -93,11 +93,11 @@ def get_objective(name: str, cfg: Any = None) -> ObjectiveSpec:
     """loss, Config, TRAINS_ON, prepare_advantages and end_iteration of the objective ``name`` (or
     ``module:loss``). With ``cfg`` (the objective's Config instance), a module that defines ``trains_on(cfg)``
     gets the source its settings choose; otherwise the module's ``TRAINS_ON``."""
-    from flowrl.contracts import OBJECTIVE_MODULE, missing
+    from flowrl.contracts import missing
 
     fn = OBJECTIVES.get(name)
     mod = sys.modules[fn.__module__]
-    for attr in missing(mod, OBJECTIVE_MODULE[:2]):
+    for attr in missing(mod, ("Config", "TRAINS_ON")):       # contracts.OBJECTIVE_MODULE; loss is ``fn`` itself
         raise TypeError(f"objective {name!r}: module {mod.__name__} must define {attr}")
     if not _has_old_update(mod.Config):
         raise TypeError(f"objective {name!r}: its Config must have an old_update field (see old_policy.SCHEDULES)")
