@@ -8,9 +8,15 @@ NaN (the sample is left out unless another reward applies) and counts and names 
 "Faults"); one bad sample does not stop a run.  Rewards with weights load them lazily in
 ``setup(device, dtype)`` so that ``import rewards`` stays cheap.  Optional class attributes:
 
-    name:    str                   shown in errors and logs (defaults to the registry name)
-    accepts: tuple[str, ...]       ("image",), ("video",) or both (the default): checked before the call
-    Config:  a dataclass           ``RewardSpec.kwargs`` are turned into ``Config(**kwargs)`` for the constructor
+    name:         str              shown in errors and logs (defaults to the registry name)
+    accepts:      tuple[str, ...]  ("image",), ("video",) or both (the default): checked before the call
+    shapes_world: bool             its images are shapes-world scenes, so the loop also logs the palette
+                                   detectors (``flowrl.eval.detectors``) of the batches it scores (default False)
+    Config:       a dataclass      ``RewardSpec.kwargs`` are turned into ``Config(**kwargs)`` for the constructor
+
+Two Protocols: ``Reward`` is what a plugin must be (the optional attributes above are read once, by
+``rewards.build.BoundReward``); ``LoadedReward`` is what the loop sees of every reward of a ``RewardSet``: the
+plugin wrapped with its device and batching, every optional attribute filled in (``flowrl.contracts``).
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from torch import Tensor
 
 from flowrl.types import RewardInput
 
-__all__ = ["Reward", "RewardError", "RewardInput", "check_input", "make_input", "nanmean", "normalize_output"]
+__all__ = ["LoadedReward", "OPTIONAL_ATTRIBUTES", "Reward", "RewardError", "RewardInput", "check_input", "make_input",
+           "nanmean", "normalize_output"]
 
 _RANGE_TOL = 1e-3
 
@@ -34,9 +41,28 @@ class RewardError(ValueError):
 
 @runtime_checkable
 class Reward(Protocol):
-    """What a reward plugin looks like (``setup`` optional)."""
+    """What a reward plugin must be: a callable on a batch (a function, or a class / instance with the optional
+    attributes of the module docstring and ``setup``)."""
 
     def __call__(self, batch: RewardInput) -> Tensor | dict[str, Tensor]: ...
+
+
+OPTIONAL_ATTRIBUTES = {"name": str, "accepts": tuple, "shapes_world": bool}   # with their types, when declared
+
+
+@runtime_checkable
+class LoadedReward(Protocol):
+    """A reward as the loop holds it (``rewards.build.BoundReward``): every optional part resolved."""
+
+    name: str
+    accepts: tuple[str, ...]
+    shapes_world: bool
+
+    def setup(self) -> None:
+        """Load the reward's weights on its device (once; otherwise on first use)."""
+
+    def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
+        """``{"score": (B,), <aspect>: (B,)}`` float32 CPU tensors."""
 
 
 def make_input(pixels: Tensor, prompts: list[str] | None = None, group_ids: Tensor | None = None,

@@ -73,6 +73,7 @@ class BoundReward:
         self.device, self.dtype = torch.device(device), dtype
         self.batch_size = batch_size
         self.accepts = tuple(getattr(fn, "accepts", ("image", "video")))
+        self.shapes_world = bool(getattr(fn, "shapes_world", False))
         self._ready = False
 
     def setup(self) -> None:

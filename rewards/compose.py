@@ -148,6 +148,11 @@ class RewardSet:
         return [s.name for s in self.specs]
 
     @property
+    def shapes_world(self) -> bool:
+        """Some reward declares its images shapes-world scenes (``rewards.base``: the palette detectors apply)."""
+        return any(r.shapes_world for r in self.rewards)
+
+    @property
     def weights(self) -> Tensor:
         return torch.tensor([s.weight for s in self.specs], dtype=torch.float32)
 

@@ -122,6 +122,7 @@ def verify(batch: RewardInput, cfg: DetectConfig | None = None) -> dict[str, Ten
 class _ShapesReward:
     Config = DetectConfig
     accepts = ("image",)
+    shapes_world = True        # the loop logs the palette detectors of the images it scores (rewards/base.py)
 
     def __init__(self, cfg: DetectConfig | None = None):
         self.cfg = cfg or type(self).Config()

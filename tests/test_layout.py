@@ -7,6 +7,8 @@
 - the ``flowrl`` core reaches a reward or sampler plugin only through the registries (``from rewards import
   REWARDS``), never ``rewards.<plugin>`` / ``samplers.<kernel>`` directly; the sampler infrastructure modules
   (rollout engine, schedules, windows, rng) and the reward composite are shared machinery, not plugins.
+- ``flowrl/contracts.py`` (the plugin Protocols) imports no plugin: only torch, ``flowrl.balancers.services``
+  and ``rewards.base``, so any module may import the contracts.
 - every library file (``flowrl/``, ``samplers/``, ``rewards/``, ``scripts/``) is at most 400 lines.
 """
 import ast
@@ -76,6 +78,13 @@ def test_core_reaches_plugins_through_registries(path):
         if top(m) == "rewards" and m not in REWARD_INFRA:
             bad.append(m)
     assert not bad, f"{path}: reach plugins via samplers.KERNELS / rewards.REWARDS, not {bad}"
+
+
+def test_contracts_import_no_plugin():
+    ok = STDLIB | {"torch"}
+    bad = [m for m in module_level_imports(REPO / "flowrl/contracts.py")
+           if top(m) not in ok and m not in {"flowrl.balancers.services", "rewards.base"}]
+    assert not bad, f"flowrl/contracts.py must import no plugin: {bad}"
 
 
 def test_no_package_imports_scripts():

@@ -36,6 +36,7 @@ from flowrl.balancers.advantages import finite_std
 from flowrl.balancers.common import any_finite, check_inputs, check_mixing_weights, on_cpu, per_reward_advantages
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8      # torch.optim.Adam defaults, as FAMO's w optimiser uses them
+NEEDS_REWARD_GRADIENTS = False       # the rewards alone (flowrl.contracts.Balancer)
 
 
 @dataclass

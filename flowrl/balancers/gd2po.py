@@ -31,6 +31,8 @@ from flowrl.balancers.common import (
 )
 from flowrl.config.validate import check_range
 
+NEEDS_REWARD_GRADIENTS = False       # the rewards alone (flowrl.contracts.Balancer)
+
 
 @dataclass
 class Config:

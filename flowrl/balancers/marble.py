@@ -17,7 +17,6 @@ renormalised so Σα = 1 stays true. State keys: ``alpha`` (K,), ``calls``, ``so
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -27,8 +26,12 @@ from torch import Tensor
 from flowrl.balancers.advantages import StdMode
 from flowrl.balancers.common import any_finite, check_inputs, check_mixing_weights, on_cpu, per_reward_advantages
 from flowrl.balancers.min_norm import solve_min_norm
-from flowrl.balancers.services import NoServices
+from flowrl.balancers.services import NoServices, gradient_gram
 from flowrl.config.validate import check_range
+
+NEEDS_REWARD_GRADIENTS = True        # asks services.reward_gram (flowrl.contracts.Balancer)
+__all__ = ["Config", "NEEDS_REWARD_GRADIENTS", "balance", "gradient_gram", "needs_gram", "proxy_gram",
+           "reward_advantages", "solve_alpha"]
 
 
 @dataclass
@@ -74,28 +77,6 @@ def reward_advantages(R: Tensor, group_ids: Tensor, cfg: Config | None = None) -
     """The per-reward advantages A_k (N, K) this balancer mixes (NaN where a reward does not apply)."""
     cfg = cfg or Config()
     return per_reward_advantages(R, group_ids, std=cfg.std, eps=cfg.eps, unbiased=cfg.unbiased)
-
-
-def gradient_gram(loss_of: Callable[[Tensor, Tensor], Tensor], A_k: Tensor, params: Sequence[Tensor],
-                  reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
-    """MARBLE's full solve input (reference B §4.2 step 1–2): for each reward k, the flattened gradient
-    g_k = ∇ loss_of(nan_to_num(A_k), valid_k) of the objective on one micro-batch (K backward passes;
-    non-finite entries → 0), optionally all-reduced across processes by ``reduce`` (mean of the (K, P)
-    stack), then G = g gᵀ (K, K) float64. ``loss_of(adv (B,), mask (B,) bool) -> scalar`` must rebuild the
-    graph each call (e.g. ``objective.loss(policy, replace(batch, advantages=adv, mask=mask), cfg).loss``)."""
-    params = [p for p in params if p.requires_grad]
-    rows = []
-    for k in range(A_k.shape[1]):
-        valid = torch.isfinite(A_k[:, k])
-        grads = torch.autograd.grad(loss_of(torch.nan_to_num(A_k[:, k], nan=0.0), valid), params,
-                                    allow_unused=True)
-        flat = torch.cat([(torch.zeros_like(p) if g is None else g).flatten().double()
-                          for g, p in zip(grads, params)])
-        rows.append(torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0))
-    g = torch.stack(rows)
-    if reduce is not None:
-        g = reduce(g)
-    return (g @ g.T).cpu()
 
 
 def solve_alpha(gram: Tensor, cfg: Config) -> Tensor:

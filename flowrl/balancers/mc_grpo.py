@@ -18,6 +18,8 @@ from torch import Tensor
 from flowrl.balancers.advantages import median_advantages, saturate
 from flowrl.balancers.common import check_inputs, on_cpu, weighted_total
 
+NEEDS_REWARD_GRADIENTS = False       # the rewards alone (flowrl.contracts.Balancer)
+
 
 @dataclass
 class Config:

@@ -42,6 +42,8 @@ from flowrl.balancers.common import any_finite, check_inputs, on_cpu, per_reward
 from flowrl.balancers.services import NoServices
 from samplers.rng import derived_generator
 
+NEEDS_REWARD_GRADIENTS = True        # asks services.reward_gram (flowrl.contracts.Balancer)
+
 
 @dataclass
 class Config:

@@ -20,6 +20,8 @@ from flowrl.balancers.advantages import batch_normalize, saturate
 from flowrl.balancers.common import alpha_diagnostics, any_finite, check_inputs, on_cpu, per_reward_advantages
 from flowrl.config.validate import check_range
 
+NEEDS_REWARD_GRADIENTS = False       # the rewards alone (flowrl.contracts.Balancer)
+
 
 @dataclass
 class Config:

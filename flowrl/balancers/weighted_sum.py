@@ -22,6 +22,8 @@ from flowrl.balancers.advantages import StdMode, finite_std, group_advantages, s
 from flowrl.balancers.common import alpha_diagnostics, check_inputs, on_cpu, weighted_total
 from flowrl.config.validate import check_range
 
+NEEDS_REWARD_GRADIENTS = False       # the rewards alone (flowrl.contracts.Balancer)
+
 
 @dataclass
 class Config:

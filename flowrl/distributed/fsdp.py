@@ -62,16 +62,17 @@ def mixed_precision_policies(mixed_precision: str, stored: torch.dtype):
 
 
 def check_shardable(cfg) -> None:
-    """Refuse, before the policy loads, what a sharded run cannot do: the FP4 pool scout quantizes a merged deep
-    copy of the whole transformer (``flowrl.policies.export.merged_transformer``), and FSDP's sharded modules
-    cannot be copied. Every other rollout (flat, trees, the x0_exit / steps / full scouts) runs sharded."""
+    """Refuse, before the policy loads, what a sharded run cannot do: a pool scout that declares
+    ``copies_transformer`` (``flowrl.contracts.Scout``; the FP4 scout quantizes a merged deep copy of the whole
+    transformer, ``flowrl.policies.export.merged_transformer``), since FSDP's sharded modules cannot be copied.
+    Every other rollout (flat, trees, the x0_exit / steps / full scouts) runs sharded."""
     from flowrl.config.convert import ConfigError
 
     pool = cfg.sampler.pool
-    if pool is not None and pool.scout.kind == "fp4":
-        raise ConfigError("sampler.pool.scout: the fp4 scout cannot run with dist.fsdp (it quantizes a merged copy "
-                          "of the whole transformer, and a sharded transformer cannot be copied); use the x0_exit, "
-                          "steps or full scout, or train without dist.fsdp")
+    if pool is not None and pool.scout.config.copies_transformer:
+        raise ConfigError(f"sampler.pool.scout: the {pool.scout.kind} scout cannot run with dist.fsdp (it copies "
+                          "the whole transformer, and a sharded transformer cannot be copied); use a scout that "
+                          "does not (x0_exit, steps, full), or train without dist.fsdp")
 
 
 @dataclass
@@ -106,7 +107,7 @@ def shard_policy(policy, device: torch.device, world: int, reshard_after_forward
     for transformer, blocks in units:
         if not blocks:
             raise ValueError(f"{type(policy).__name__}: no blocks to shard in {type(transformer).__name__} "
-                             f"(shard_blocks={getattr(policy, 'shard_blocks', None)})")
+                             "(its shard_units() listed none; PolicyBase families name them in shard_blocks)")
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=block_mp)
         fully_shard(transformer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)

@@ -30,7 +30,8 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
 
 nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5); grpo_guard and dppo share grpo's
 stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
-the module's parts as an ``ObjectiveSpec``; a new objective is one file with these names.
+the module's parts as an ``ObjectiveSpec`` (the ``flowrl.contracts.Objective`` Protocol: the optional hooks are
+always there, no-ops unless the module defines them); a new objective is one file with these names.
 """
 from __future__ import annotations
 
@@ -92,16 +93,19 @@ def get_objective(name: str, cfg: Any = None) -> ObjectiveSpec:
     """loss, Config, TRAINS_ON, prepare_advantages and end_iteration of the objective ``name`` (or
     ``module:loss``). With ``cfg`` (the objective's Config instance), a module that defines ``trains_on(cfg)``
     gets the source its settings choose; otherwise the module's ``TRAINS_ON``."""
+    from flowrl.contracts import missing
+
     fn = OBJECTIVES.get(name)
     mod = sys.modules[fn.__module__]
-    for attr in ("Config", "TRAINS_ON"):
-        if not hasattr(mod, attr):
-            raise TypeError(f"objective {name!r}: module {mod.__name__} must define {attr}")
+    for attr in missing(mod, ("Config", "TRAINS_ON")):       # contracts.OBJECTIVE_MODULE; loss is ``fn`` itself
+        raise TypeError(f"objective {name!r}: module {mod.__name__} must define {attr}")
     if not _has_old_update(mod.Config):
         raise TypeError(f"objective {name!r}: its Config must have an old_update field (see old_policy.SCHEDULES)")
-    source = mod.trains_on(cfg) if cfg is not None and hasattr(mod, "trains_on") else mod.TRAINS_ON
-    prep = getattr(mod, "prepare_advantages", _identity)
-    return ObjectiveSpec(name, fn, mod.Config, source, prep, getattr(mod, "end_iteration", _nothing))
+    prep = getattr(mod, "prepare_advantages", _identity)           # OBJECTIVE_HOOKS, each with its default
+    end = getattr(mod, "end_iteration", _nothing)
+    trains_on = getattr(mod, "trains_on", None)
+    source = trains_on(cfg) if cfg is not None and trains_on is not None else mod.TRAINS_ON
+    return ObjectiveSpec(name, fn, mod.Config, source, prep, end)
 
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "TrainBatch", "get_objective"]

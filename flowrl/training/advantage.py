@@ -3,7 +3,8 @@
 Groups are the iteration's prompts (rows p·G … p·G + G − 1 share prompt p); a group may span processes, and
 every process computes the same A from the gathered R. ±inf rewards are treated as not applicable (NaN) here;
 a sample whose advantage is not finite is left out of the update. A balancer that needs more than the rewards
-(MARBLE's and PCGrad's per-reward gradient Gram) asks ``services`` for it (``flowrl.balancers.services``).
+(MARBLE's and PCGrad's per-reward gradient Gram) declares ``needs_reward_gradients`` and asks ``services`` for it
+(``flowrl.balancers.services``); any other balancer is handed ``NoServices``.
 
 Conflict diagnostics (``advantage.diagnose_every`` = N > 0; MARBLE's measurement, reference F §C.3): every N
 iterations, whatever the balancer, the stage asks ``services.reward_gram`` for the (K+1)×(K+1) Gram of the
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from flowrl.balancers.advantages import zero_std_ratio
-from flowrl.balancers.marble import reward_advantages
+from flowrl.balancers.services import NoServices, standardized_advantages
 
 
 def update_cosines(gram: Tensor) -> Tensor:
@@ -62,8 +63,9 @@ class AdvantageStage:
         it = self.calls if iteration is None else iteration
         self.calls += 1
         finite = torch.where(torch.isinf(R), torch.full_like(R, float("nan")), R)
+        offered = services if self.balancer.needs_reward_gradients else NoServices()
         adv, diag = self.balancer.balance(finite, self.groups, self.weights, self.state, self.bcfg,
-                                          services=services)
+                                          services=offered)
         adv = self.objective.prepare_advantages(adv, self.groups, self.ocfg, context)
         total = torch.nansum(torch.where(torch.isfinite(finite), finite, torch.zeros_like(finite)), 1)
         metrics = {"adv/mean": torch.nanmean(adv), "adv/abs_mean": torch.nanmean(adv.abs()),
@@ -76,7 +78,7 @@ class AdvantageStage:
     def diagnose(self, R: Tensor, adv: Tensor, services) -> dict:
         """balance/cos_<reward>, neg_cos_any, cos_min and diagnose_s (see the module docstring)."""
         t0 = time.perf_counter()
-        A_k = reward_advantages(R, self.groups)
+        A_k = standardized_advantages(R, self.groups)
         prep = self.objective.prepare_advantages
         cols = [prep(A_k[:, k], self.groups, self.ocfg) for k in range(R.shape[1])]
         gram = services.reward_gram(torch.stack([*cols, adv.to(A_k.dtype)], dim=1))

@@ -3,8 +3,9 @@
 NaN in R means "does not apply to this sample"; ±inf is a reward failure on that sample. Both are counted per
 reward (``reward/<name>/nonfinite``) and left to the advantage stage, which treats them as not applicable.
 The rollout images' hacking statistics (``flowrl.eval.detectors``: dark/bright fraction, edge density, colour
-entropy; palette distance and stray pixels in the shapes world) are logged as ``detect/<stat>`` batch means of
-this process, whatever the reward, so a drifting policy shows in the training curves before the evaluation.
+entropy; palette distance and stray pixels when a reward declares ``shapes_world``) are logged as
+``detect/<stat>`` batch means of this process, so a drifting policy shows in the training curves before the
+evaluation.
 """
 from __future__ import annotations
 
@@ -38,15 +39,15 @@ def score_samples(rewards, dist, samples) -> Scores:
     total = dist.gather(out.total.float())
     ok = total[torch.isfinite(total)]
     metrics["reward/total/mean"] = ok.mean().item() if ok.numel() else float("nan")
-    metrics.update(image_detectors(batch))
+    metrics.update(image_detectors(batch, rewards.shapes_world))
     return Scores(R, list(out.names), metrics)
 
 
-def image_detectors(batch: RewardInput) -> dict:
-    """``detect/<stat>`` means of the batch's images (videos: none)."""
+def image_detectors(batch: RewardInput, shapes_world: bool) -> dict:
+    """``detect/<stat>`` means of the batch's images (videos: none); the palette statistics too when a reward
+    declares its images shapes-world scenes (``shapes_world``, rewards/base.py)."""
     from flowrl.eval.detectors import image_statistics
 
     if batch.is_video:
         return {}
-    shapes = all(isinstance(m, dict) and "objects" in m for m in batch.meta)
-    return {f"detect/{k}": v.mean() for k, v in image_statistics(batch.pixels, shapes).items()}
+    return {f"detect/{k}": v.mean() for k, v in image_statistics(batch.pixels, shapes_world).items()}

@@ -10,8 +10,8 @@ the objective's sample source turns a micro-batch into its TrainBatches (one per
 A non-finite loss (or gradient norm) on any process skips that optimizer step on every process and names the
 loss terms that were non-finite. Sharded (FSDP), every process makes the same number of forward/backward passes
 per step, padding with zero-weight passes where it has fewer micro-batches (``Updater.accumulate``).
-``RewardGradients`` is the loop's ``reward_gram`` service for balancers (``flowrl.balancers.services``), built on
-the same loss.
+``RewardGradients`` is the loop's ``reward_gram`` service for balancers: the same loss on one micro-batch, handed
+to the shared Gram computation of ``flowrl.balancers.services``.
 """
 from __future__ import annotations
 
@@ -167,38 +167,17 @@ def gram_rows(A: Tensor, size: int) -> Tensor:
     return torch.tensor(sorted((picked + rest)[:max(size, len(picked))]), dtype=torch.long)
 
 
-def sharded_gradient_gram(loss_of, A_k: Tensor, params: list, dist) -> Tensor:
-    """``marble.gradient_gram`` for FSDP-sharded parameters. ``torch.autograd.grad`` cannot differentiate with
-    respect to them (the forward runs on gathered copies), so each g_k comes from ``backward``, which leaves in
-    every process the chunk of the process-mean gradient it owns; G = Σ_processes g_chunk g_chunkᵀ is then the
-    Gram of the process-mean gradients, as ``gradient_gram(..., reduce=mean)`` computes it unsharded. The
-    parameters' ``.grad`` is cleared before and after (each optimizer step starts from zero anyway)."""
-    params = [p for p in params if p.requires_grad]
-    dist.sharding.gradient_sync(True)
-    rows = []
-    for k in range(A_k.shape[1]):
-        for p in params:
-            p.grad = None
-        loss_of(torch.nan_to_num(A_k[:, k], nan=0.0), torch.isfinite(A_k[:, k])).backward()
-        chunks = [(p.grad if p.grad is not None else torch.zeros_like(p)).to_local() for p in params]
-        flat = torch.cat([c.flatten().double() for c in chunks])
-        rows.append(torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0))
-    for p in params:
-        p.grad = None
-    g = torch.stack(rows)
-    return dist.sum(g @ g.T).cpu()
-
-
 class RewardGradients:
     """The ``reward_gram`` service of one iteration: K backward passes of the objective on one micro-batch of this
     process (``gram_rows``: every applicable reward represented; its first stored step / training σ), one per
-    reward's advantages, averaged over processes (``sharded_gradient_gram`` when the policy is FSDP-sharded)."""
+    reward's advantages, averaged over processes (``services.gradient_gram``, or ``services.sharded_gradient_gram``
+    when the policy is FSDP-sharded)."""
 
     def __init__(self, updater: Updater, samples, iteration: int):
         self.updater, self.samples, self.iteration = updater, samples, iteration
 
     def reward_gram(self, A_k: Tensor) -> Tensor:
-        from flowrl.balancers.marble import gradient_gram
+        from flowrl.balancers.services import gradient_gram, sharded_gradient_gram
 
         up = self.updater
         A_local = A_k[up.dist.local_slice(A_k.shape[0])].to(torch.float32)
