@@ -6,7 +6,7 @@ A balancer that needs more than the rewards asks for it by calling a method of t
     reward_gram(A_k (N, K)) -> G (K, K) float64
         the Gram matrix G_kl = g_k·g_l of the objective's per-reward loss gradients g_k = ∇_θ L(A_k) on one
         micro-batch of this iteration's rollouts (K backward passes; averaged over processes). MARBLE's
-        min-norm QP and PCGrad's projections are functions of G alone (reference B §4.2, F §C.2).
+        min-norm QP and PCGrad's projections are functions of G alone (MARBLE's ``pareto_balancer``, PCGrad's Alg. 1).
 
 ``Services`` is the contract; ``NoServices`` refuses with a clear message (a balancer run outside a trainer);
 ``FixedGram`` answers with a given matrix (tests, offline studies).

@@ -1,6 +1,6 @@
 """Candidate pools (``sampler.pool``): N seeds per prompt, a cheap scout scores each, a selector keeps K, the
 full policy regenerates the K from the same initial noise, and only those are scored and trained on (Sol-RL,
-arXiv 2604.06916, NVlabs/Sana ``train_scripts/sol_rl``; reference C §5, F §B; docs/training.md "Candidate
+arXiv 2604.06916, NVlabs/Sana ``train_scripts/sol_rl``; docs/training.md "Candidate
 pools").
 
 One iteration, per prompt p of this process (whole prompts per process):

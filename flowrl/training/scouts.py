@@ -1,4 +1,4 @@
-"""Candidate-pool scouts: score N candidate seeds per prompt cheaply, behind one interface (ref. F §B.5).
+"""Candidate-pool scouts: score N candidate seeds per prompt cheaply, behind one interface.
 
 ``scout.score(stage, cands, iteration) -> ScoutOut``: one score per candidate (P, N) — the reward set's
 weighted total on the scout's image of that seed — plus the velocity evaluations it spent. ``cands`` lays
@@ -10,7 +10,7 @@ scales, ``samplers.fp4``).
   steps(k)         the sampling ("old") policy, a k-step Euler ODE from the seed's noise (Sol-RL's preview:
                    6 of 10 steps). Cost k per candidate.
   x0_exit(f)       the training rollout itself (kernel, window, "old" policy), stopped after its first
-                   k = round(f·calls) model calls, scored on x̂0 = x_k − σ_k·v(x_k) (reference F §B.3: τ 0.80
+                   k = round(f·calls) model calls, scored on x̂0 = x_k − σ_k·v(x_k) (on the toy: τ 0.80
                    at σ ≈ 0.6). Cost k + 1 per candidate, and **resumable**: a kept candidate continues from
                    x_k and reuses v(x_k) and every earlier velocity (``resume``), so its prefix is paid once.
                    The pool is then a depth-k prefix of N chains pruned by a value estimate (x̂0's reward).
