@@ -4,7 +4,7 @@ a rollout strategy, as small ``typing.Protocol``s (``flowrl.policies.base.Policy
 Why one module: whoever writes a plugin of any family finds every contract here, and the core imports the
 Protocols from a module that imports no plugin. Each family's own module keeps its helpers and its registry
 (``flowrl.objectives`` + ``sources``, ``flowrl.balancers`` + ``services``, ``rewards.base``,
-``flowrl.training.scouts``); the reward Protocols live in ``rewards/base.py`` (``rewards/`` may not import
+``flowrl.pools.scouts``); the reward Protocols live in ``rewards/base.py`` (``rewards/`` may not import
 ``flowrl`` beyond ``types`` / ``registry``) and are re-exported here.
 
 Optional parts are explicit, never sniffed: either the loop always calls a hook whose default does nothing (an
@@ -97,13 +97,13 @@ BALANCER_MODULE = ("Config", "balance", "NEEDS_REWARD_GRADIENTS")      # a balan
 
 @runtime_checkable
 class Scout(Protocol):
-    """A candidate-pool scout (``sampler.pool.scout``, registry ``flowrl.training.scouts.SCOUTS``): scores N
+    """A candidate-pool scout (``sampler.pool.scout``, registry ``flowrl.pools.scouts.SCOUTS``): scores N
     candidate seeds per prompt cheaply. Subclass ``ScoutBase`` for the defaults."""
 
     resumable: bool                       # resume(rows) continues kept candidates from the recorded prefix
     copies_transformer: bool              # holds a (merged, quantized) copy of the whole transformer
 
-    def score(self, stage: Any, cands: Any, iteration: int) -> Any:
+    def score(self, ctx: Any, cands: Any, iteration: int) -> Any:
         """``ScoutOut``: (P, N) reward totals of the scout's images and the velocity evaluations spent."""
 
     def resume(self, rows: list[int]) -> Callable | None:
@@ -130,7 +130,9 @@ class ScoutBase:
 @runtime_checkable
 class Strategy(Protocol):
     """A rollout strategy that replaces the flat rollout of an iteration (``sampler.tree``: ``TreeStage``,
-    ``sampler.pool``: ``PoolStage``), built as ``Strategy(base_rollout_stage, its_config)``."""
+    ``sampler.pool``: ``PoolStage``), built from the few values it uses: the sampling engine
+    (``samplers.engine.SamplingEngine``), its config, the iteration layout (``flowrl.training.rollout.Layout``),
+    the step-plan function (and, for pools, the reward set)."""
 
     def run(self, iteration: int) -> Any:
         """This process's ``Samples`` of iteration ``iteration`` (a pure function of (seed, iteration))."""

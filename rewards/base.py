@@ -2,8 +2,8 @@
 
 A reward is any callable ``reward(batch: RewardInput) -> Tensor[B] | dict[str, Tensor[B]]``.  A dict holds
 ``"score"`` (the reward) and optional named sub-scores (``{"score": s, "count": c}``).  NaN means "does not
-apply to this sample" (e.g. OCR on a prompt without quoted text) and is excluded downstream (reference E §3.3,
-reference B §4.1 NaN masks). ±inf is passed through as a failure on that sample: the trainer treats it like
+apply to this sample" (e.g. OCR on a prompt without quoted text) and is excluded downstream (as trl's reward_funcs'
+None and MARBLE's NaN masks). ±inf is passed through as a failure on that sample: the trainer treats it like
 NaN (the sample is left out unless another reward applies) and counts and names it (docs/training.md
 "Faults"); one bad sample does not stop a run.  Rewards with weights load them lazily in
 ``setup(device, dtype)`` so that ``import rewards`` stays cheap.  Optional class attributes:

@@ -1,6 +1,6 @@
 """Several rewards computed together: per-reward scores R (N, K), sub-scores and the weighted sum.
 
-Config form (keyed by name, so ``rewards.pickscore.weight=0.5`` overrides address one entry, reference E §3.3):
+Config form (keyed by name, so ``rewards.pickscore.weight=0.5`` overrides address one entry):
 
     rewards:
       pickscore: {weight: 1.0, batch_size: 16, device: "cuda:1"}

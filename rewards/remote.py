@@ -1,4 +1,4 @@
-"""Client reward that asks a ``rewards.server`` over HTTP (Flow-GRPO's remote GenEval pattern, reference A §2.9).
+"""Client reward that asks a ``rewards.server`` over HTTP (Flow-GRPO's remote GenEval pattern, ``rewards.py``).
 
 Retries connection errors (refused, reset, no reply), timeouts, malformed HTTP replies and 5xx replies with
 exponential backoff (``backoff_s · 2^attempt``); a 4xx reply is the caller's fault (bad token, malformed or

@@ -1,5 +1,5 @@
 """Serve any registered reward over HTTP, for rewards that need their own process, environment or GPU
-(the Flow-GRPO / ddpo-pytorch "reward server" pattern, reference A §2.9).
+(the Flow-GRPO / ddpo-pytorch "reward server" pattern, yifan123/reward-server).
 
     python -m rewards.server --reward pickscore --device cuda:1 --port 18085 [--kwargs '{"divisor": 1}']
 

@@ -1,7 +1,7 @@
 """Reward sets of the shapes world that pull against each other, for benchmarking multi-reward balancers
-(reference F §C.4; docs/rewards.md "Conflicting reward sets").
+(docs/rewards.md "Conflicting reward sets").
 
-Specialist sparsity (MARBLE's mechanism, reference B §4.1: a reward that does not apply to a sample is NaN):
+Specialist sparsity (MARBLE's mechanism, arXiv 2605.06507: a reward that does not apply to a sample is NaN):
 
     shapes_count_only     = shapes_count     on counting prompts,             NaN elsewhere
     shapes_position_only  = shapes_position  on position / relation prompts,  NaN elsewhere
@@ -100,7 +100,7 @@ class InkConfig(PixelConfig):
 
 class InkBudgetReward(_ShapesReward):
     """score = 1 − min(1, |ink| / max_ink), |ink| the pixels at distance ≥ τ from the background and max_ink =
-    196 = 4 objects × 7×7 px (the largest scene the grammar asks for; reference F §C.4 set 2).  A blank image
+    196 = 4 objects × 7×7 px (the largest scene the grammar asks for; docs/rewards.md set 2).  A blank image
     scores 1; four 7-px squares score 0.  Sub-score ``ink_pixels``.  ``skills: [counting]`` restricts it to
     counting prompts (NaN elsewhere), for set 2 over the balanced prompt mix."""
 
@@ -120,7 +120,7 @@ class CenteringConfig(PixelConfig):
 
 class CenteringReward(_ShapesReward):
     """score = clamp(1 − ‖c_ink − c_img‖₂ / (S/2), 0, 1), c_ink the mean (x, y) of the ink pixels, c_img =
-    ((W − 1)/2, (H − 1)/2), S/2 = min(H, W)/2 (16 px in the 32-px world; reference F §C.4 set 3).  A blank image
+    ((W − 1)/2, (H − 1)/2), S/2 = min(H, W)/2 (16 px in the 32-px world; docs/rewards.md set 3).  A blank image
     scores ``blank`` (default 0: no object, so nothing is centred and an empty image is never a way out of the
     term; set NaN to mark it "not applicable").  Sub-score ``offset_px`` = ‖c_ink − c_img‖₂ (NaN if blank).
     ``skills`` restricts it to some prompt skills, as for the ink budget."""

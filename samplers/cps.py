@@ -1,4 +1,4 @@
-"""Coefficients-Preserving Sampling step (Wang et al. 2025, arXiv 2509.05952; reference A §1.4, C §0(c)).
+"""Coefficients-Preserving Sampling step (Wang et al. 2025, arXiv 2509.05952; FlowCPS ``sd3_sde_with_logprob.py``).
 
     x̂0 = x − σ·v,   x̂1 = x + (1−σ)·v
     s  = σ'·sin(η·π/2)

@@ -1,4 +1,4 @@
-"""DanceGRPO constant-η SDE step (Xue et al. 2025, arXiv 2505.07818; reference A §1.3, C §0(a)).
+"""DanceGRPO constant-η SDE step (Xue et al. 2025, arXiv 2505.07818; DanceGRPO ``train_grpo_flux.py``).
 
     dσ = σ' − σ < 0,  Δ = −dσ,  x̂0 = x − σ·v,  score = −(x − (1−σ)·x̂0)/σ²  (= −x̂1/σ)
     μ  = x + dσ·(v − ½η²·score)  = x + dσ·[v + η²/(2σ)·x̂1]

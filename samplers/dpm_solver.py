@@ -1,4 +1,4 @@
-"""DPM-Solver++(2M) for the flow ODE, and the compressed ODE tail of MixGRPO-Flash (reference A §4.2, C §2.1).
+"""DPM-Solver++(2M) for the flow ODE, and the compressed ODE tail of MixGRPO-Flash (arXiv 2507.21802).
 
 Flow parametrisation: α = 1 − σ, λ = log(α/σ), data prediction x̂0 = x − σ·v (Lu et al. 2022, arXiv
 2211.01095). One step s → t, h = λ_t − λ_s, with the previous data prediction m1 at λ_p, r = (λ_s − λ_p)/h:

@@ -1,4 +1,4 @@
-"""Flow-GRPO reverse-SDE step (Liu et al. 2025, arXiv 2505.05470; reference A §1.2, C §0(b)).
+"""Flow-GRPO reverse-SDE step (Liu et al. 2025, arXiv 2505.05470; flow_grpo ``sd3_sde_with_logprob.py``).
 
     dt = σ' − σ < 0,   g = a·sqrt(σ / (1 − σ̃)),   σ̃ = σ except at σ = 1 where σ̃ = σ_1
     μ  = x·(1 + g²·dt/(2σ)) + v·(1 + g²(1−σ)/(2σ))·dt     = x + [v + g²/(2σ)·x̂1]·dt,  x̂1 = x + (1−σ)v
@@ -25,7 +25,7 @@ from samplers.kernel import Kernel, finish, require_positive_sigma, reverse_sde_
 from samplers.log_prob import gaussian_kernel_log_prob
 
 NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "qwen_image": 1.2, "wan": 1.0}
-"""Flow-GRPO's published ``a`` per model family (reference A §1.2 table)."""
+"""Flow-GRPO's published ``a`` per model family (flow_grpo ``config/base.py``, ``config/grpo.py``)."""
 
 VARIANTS = ("flow_grpo", "wan")
 

@@ -9,7 +9,7 @@ figures may only come from an sm_100+ device. Where one is present, real FP4 ker
 ``NVFP4DynamicActivationNVFP4WeightConfig``, Transformer Engine) may replace this emulator; nothing here needs one.
 
 Formats (E2M1 elements: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, round to nearest even, saturate at ±6;
-reference C §6.1, torchao ``nvfp4_tensor.nvfp4_quantize`` / ``mx_tensor.to_mx``). Blocks run along the last dim:
+OCP MX v1.0, torchao ``nvfp4_tensor.nvfp4_quantize`` / ``mx_tensor.to_mx``). Blocks run along the last dim:
 
 - NVFP4, blocks of 16, FP8 E4M3 block scales, optional FP32 global scale s_T = amax/(448·6):
   s_B = e4m3(clamp(amax_block/6/s_T, 2⁻⁶, 448)),  x̃ = E2M1(clamp(x·(1/s_T)/s_B, −6, 6))·(s_T·s_B).
@@ -27,7 +27,7 @@ bf16 and fp32 go straight through torchao; fp16 is rounded through fp32. Inferen
 FP4 linear: y = linear(Q_a(x), Q_w(W), b). W is quantized once, when the layer is built or refreshed (NVFP4
 default: two-level, s_T from amax(W), torchao's weight recipe). Activation scales are block-local ("none") or
 per row ("row"), never per tensor, so one sample's output does not depend on the rest of the batch (a
-per-tensor activation scale, torchao's / TE's dynamic default, couples them; reference C §6.4 rule 2).
+per-tensor activation scale, torchao's / TE's dynamic default, couples them).
 
 Eligibility (``default_eligibility``): a module is swapped iff it is an ``nn.Linear`` (not the
 ``NonDynamicallyQuantizableLinear`` that ``nn.MultiheadAttention`` reads weights from directly), in_features is
@@ -35,7 +35,7 @@ a multiple of the block size (16 NVFP4, 32 MXFP4), max(in_features, out_features
 small-layer rule; Sol-RL uses 1000–2432 on 1–12B models to skip layers too small to speed up) and its dotted
 name matches none of the ``skip`` fnmatch patterns. Default skip: conditioning embedders ("*embed*"), the
 final AdaLN/projection ("norm_out*", "proj_out") and peft adapters ("*lora_*"), as in Sol-RL's FLUX list; pass
-``skip=()`` to quantize those too (reference F §B.3 quantized all 60 layers of the toy model).
+``skip=()`` to quantize those too (a scout-fidelity measurement quantized all 60 layers of the toy model).
 """
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def require_positive_sigma(s: Tensor, kernel: str, why: str) -> None:
 
 
 def reverse_sde_mean(x: Tensor, v: Tensor, sigma: Tensor, dt: Tensor, g: Tensor) -> Tensor:
-    """Mean of the reverse-SDE step shared by Flow-GRPO and DanceGRPO (reference A §1.2–1.3):
+    """Mean of the reverse-SDE step shared by Flow-GRPO and DanceGRPO (``sde_step_with_logprob``, ``flux_step``):
     ``μ = x + dt·[v + (g²/(2σ))·x̂1]`` with ``x̂1 = x + (1−σ)·v``, written as
     ``x·(1 + g²·dt/(2σ)) + v·(1 + g²(1−σ)/(2σ))·dt``. σ, dt, g are per sample (B,)."""
     g2_2s = g**2 / (2 * sigma)

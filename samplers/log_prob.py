@@ -2,9 +2,9 @@
 
 For ``x' ~ N(μ, s²I)`` per sample, element-wise
 ``log N(x'; μ, s²) = −(x'−μ)²/(2s²) − log s − ½·log 2π``,
-reduced over all non-batch elements with ``reduce="mean"`` (Flow-GRPO / DanceGRPO / MixGRPO, reference A §1.2:
-"mean over all latent elements", which is why their PPO clip ranges are ~1e-4) or ``"sum"`` (the true joint
-log-density of the latent).
+reduced over all non-batch elements with ``reduce="mean"`` (Flow-GRPO / DanceGRPO / MixGRPO take the mean over
+all latent elements, e.g. ``sde_step_with_logprob``, which is why their PPO clip ranges are ~1e-4) or ``"sum"``
+(the true joint log-density of the latent).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def gaussian_kernel_log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: 
     return gaussian_log_prob(x_next, mean, std, reduce)
 
 def gaussian_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tensor:
-    """Entropy of N(μ, s²I_d): per element ``h = ½log(2πe) + log s`` (reference C §0);
+    """Entropy of N(μ, s²I_d): per element ``h = ½log(2πe) + log s``;
     ``reduce="sum"`` gives ``d·h`` for ``d = numel`` elements."""
     h = 0.5 * math.log(2 * math.pi * math.e) + torch.log(torch.as_tensor(std, dtype=torch.float32))
     if reduce not in REDUCTIONS:
@@ -64,7 +64,7 @@ def gaussian_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tenso
 
 def trajectory_entropy(std: Tensor, numel: int = 1, reduce: str = "mean") -> Tensor:
     """Entropy of each stored step of a rollout, (B, K), from ``traj.std`` (B, K): per element
-    ``½log(2πe) + log s`` (E-GRPO reports it for its merged step; reference C §0), or ×numel with "sum"."""
+    ``½log(2πe) + log s`` (E-GRPO reports it for its merged step), or ×numel with "sum"."""
     if std.dim() != 2:
         raise ValueError(f"trajectory_entropy expects traj.std shaped (B, K), got {tuple(std.shape)}")
     return gaussian_entropy(std, numel, reduce)

@@ -1,6 +1,6 @@
 """Deterministic Euler step of the probability-flow ODE (diffusers FlowMatchEulerDiscreteScheduler.step).
 
-    x' = x + (σ' − σ)·v            (reference A §1.1; std = 0)
+    x' = x + (σ' − σ)·v            (std = 0)
 
 Computed in float32 exactly as diffusers does (``sample.float() + dt·v`` with dt = σ' − σ in float32).
 """

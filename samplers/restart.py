@@ -1,4 +1,4 @@
-"""Restart sampling for rectified flow (Xu et al. 2023, arXiv 2306.14878; reference C §3).
+"""Restart sampling for rectified flow (Xu et al. 2023, arXiv 2306.14878).
 
 Main pass: Euler ODE on the σ grid. After the main step that lands on t_min (snapped to the nearest grid σ),
 repeat K times: a forward jump t_min → t_max with fresh noise, then an ODE pass back over ``n_steps`` uniform

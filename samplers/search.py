@@ -1,5 +1,5 @@
-"""Search without training: Diffusion Tree Sampling / Search (DTS / DTS*, Jain et al., arXiv 2506.20701;
-reference C §4.2, F §A.1) on the rollout tree's node store, and best-of-N at equal NFE — for any velocity
+"""Search without training: Diffusion Tree Sampling / Search (DTS / DTS*, Jain et al., arXiv 2506.20701)
+on the rollout tree's node store, and best-of-N at equal NFE — for any velocity
 function ``v = velocity_fn(x, sigma)`` and reward function ``r = reward_fn(x0)`` (latents (B, ...) → (B,)).
 
 DTS targets π*(x0) ∝ p_θ(x0)·exp(λ·r(x0)), with the soft value V(x_t) = (1/λ)·log E_{p_θ}[exp(λ·V(x_{t−1}))].

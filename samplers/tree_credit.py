@@ -2,22 +2,23 @@
 
 Backups (leaf rewards R → node values V; a node with one child takes its child's value in every form):
 
-    mean        V(n) = mean_{ℓ ∈ leaves(n)} R(ℓ)                    BranchGRPO (reference C §1.2)
+    mean        V(n) = mean_{ℓ ∈ leaves(n)} R(ℓ)                    BranchGRPO ``compute_node_rewards_from_leaves``
     softmax     V(n) = Σ_c softmax_c(α·log π(c|n))·V(c)              BranchGRPO --tree_prob_weighted, α = 1
-    logmeanexp  V(n) = (1/λ)·log( (1/|C(n)|)·Σ_c exp(λ·V(c)) )      DTS soft Bellman (reference C §4.2)
+    logmeanexp  V(n) = (1/λ)·log( (1/|C(n)|)·Σ_c exp(λ·V(c)) )      DTS soft Bellman (arXiv 2506.20701)
                 λ → 0: mean of the children's values; λ → ∞: their max (DTS*); both limits exact here.
 
 Advantages of the nodes reached by stochastic edges (an edge parent → c carries A(c)):
 
     A(c) = (V(c) − b(c)) / (s + eps),  0 where the comparison set has one node or s < min_std,  then clip
-    depth     b = mean of V over the stochastic nodes of c's depth in c's tree group (BranchGRPO §1.3)
+    depth     b = mean of V over the stochastic nodes of c's depth in c's tree group (BranchGRPO)
     siblings  b = mean of V over c's stochastic siblings (TempFlow / E-GRPO per-step groups)
     parent    b = V(parent(c))  (TD-like; with the mean backup and equal subtrees it equals the sibling form)
     leaves    only leaves, b = mean over the leaves of the tree group (plain GRPO over final samples)
     s: "group" = std of the comparison set ("parent": of the group's leaf rewards), "global" = std of all leaf
     rewards (Flow-GRPO), "none" = 1 (no eps); ``unbiased`` picks torch.std's (n − 1) or the population form.
 
-``depth`` with std "group" is BranchGRPO's per-(tree, depth) normalisation (reference C §1.3).
+``depth`` with std "group" is BranchGRPO's per-(tree, depth) normalisation
+(``compute_hierarchical_advantages_by_depth``).
 """
 from __future__ import annotations
 

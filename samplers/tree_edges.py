@@ -1,4 +1,5 @@
-"""Which stochastic edges of a rollout tree get gradients (BranchGRPO pruning, reference C §1.5; window-only).
+"""Which stochastic edges of a rollout tree get gradients (BranchGRPO pruning, ``--depth_pruning`` /
+``--width_pruning_mode``; window-only).
 
 An edge is named by its child node c (it carries A(c), depth(c) = edges from the root, step(c) = the grid step
 of the transition). Starting from every stochastic edge:

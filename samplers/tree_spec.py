@@ -1,4 +1,4 @@
-"""The tree spec: five choices that make every published tree method a config (reference F §A.3).
+"""The tree spec: five choices that make every published tree method a config.
 
     branching   where nodes split and into how many children — a ``BranchPlan`` per training iteration
     noise       the sampling-noise scale at split steps, separate from the std the log-prob is scored under
@@ -12,13 +12,13 @@ each method.
 
 Branchings (``plan(iteration, num_steps, rng=None) -> BranchPlan``; stateless, so resume needs no state):
   NoSplit            the flat rollout: the tree that never splits
-  FixedSplits        BranchGRPO: split steps (0, 3, 6, 9), factor 2 (``--tree_split_points``; ref. C §1.1)
+  FixedSplits        BranchGRPO: split steps (0, 3, 6, 9), factor 2 (``--tree_split_points``)
   SplitWindow        TreeGRPO / Dynamic-TreeRPO: ``size`` consecutive steps each split ``factor`` ways; the
-                     window start c = (start + stride·⌊n/every⌋) mod #positions (MixGRPO-style, ref. C §2.1)
+                     window start c = (start + stride·⌊n/every⌋) mod #positions (MixGRPO-style)
   RandomSplitWindow  the same window at a random start: uniform, or truncated geometric
-                     P(c = lo + j) ∝ (1 − p)^j (TreeGRPO's schedule as Uni-TMPO describes it, ref. F §A.1)
+                     P(c = lo + j) ∝ (1 − p)^j (TreeGRPO's schedule as Uni-TMPO describes it)
   EveryStep          TempFlow-GRPO / E-GRPO: a deterministic trunk; at each listed step the trunk node also
-                     spawns ``factor`` SDE children, each completed by ODE (depth-1; ref. A §5, C §2.2)
+                     spawns ``factor`` SDE children, each completed by ODE (depth-1; arXiv 2508.04324, 2601.00423)
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ class SplitWindow:
     window start slides by ``stride`` every ``every`` iterations and rolls back to 0 (MixGRPO-style).
 
     Splits stay before ``max_index`` (default ``num_steps − 1``: the last step into σ = 0 never splits).
-    Defaults: k = 2, w = 3 — TreeGRPO's code is not public (reference F §A.1), so these are [derived]; τ = 25
+    Defaults: k = 2, w = 3 — TreeGRPO's code is not public (arXiv 2512.08153), so these are [derived]; τ = 25
     is MixGRPO's ``iters_per_group``. Dynamic-TreeRPO: a binary window of depth 4 (``size=4``).
     """
 
@@ -190,7 +190,7 @@ class EveryStep:
 @dataclass
 class SplitNoise:
     """Sampling noise at split steps: ``x' = μ + c_j·s·ε`` while log π is scored under the nominal std s
-    (BranchGRPO samples at c = 4 — ``--tree_split_noise_scale 4.0`` — and scores under s; reference C §1.1).
+    (BranchGRPO samples at c = 4 — ``--tree_split_noise_scale 4.0`` — and scores under s; ``train_branchgrpo_flux.py``).
 
     ``ramp`` grows the scale linearly with the split level j = 0..J−1 of the plan:
     ``c_j = scale·(1 + ramp·j/(J − 1))`` — Dynamic-TreeRPO's "noise intensity rising linearly with normalised
@@ -259,7 +259,7 @@ class TreeAdvantage:
 
 @dataclass
 class TrainEdges:
-    """Which stochastic edges are trained (BranchGRPO §1.5; the forward rollout is unchanged).
+    """Which stochastic edges are trained (BranchGRPO's pruning; the forward rollout is unchanged).
 
     window_only:  only edges at split steps (TreeGRPO, Dynamic-TreeRPO train the tree steps only).
     depth_prune:  drop edges whose child depth is in this set (``--depth_pruning``, e.g. 15,16,17,18);

@@ -6,10 +6,10 @@ iteration n, which grid steps are SDE steps (and how many grid steps each spans)
 
   all       every step (Flow-GRPO; optionally without the last, as DanceGRPO / Flow-GRPO-Fast size 0 do)
   fixed     an explicit list of indices
-  random    k consecutive steps starting at start ~ U{lo, …, hi − k} (Flow-GRPO-Fast, reference A §2.5)
+  random    k consecutive steps starting at start ~ U{lo, …, hi − k} (Flow-GRPO-Fast, ``*_with_logprob_fast.py``)
   sliding   MixGRPO: window [c, min(c + w, max_index)); c += stride every iters_per_group iterations, roll back
-            to the start at the end; optional compressed DPM-Solver++ 2M ODE tail (MixGRPO-Flash, A §4.2)
-  merged    E-GRPO: one SDE step from σ_k straight to σ_{k+m}, ODE elsewhere (reference C §2.2)
+            to the start at the end; optional compressed DPM-Solver++ 2M ODE tail (MixGRPO-Flash, ``sampling_utils.py``)
+  merged    E-GRPO: one SDE step from σ_k straight to σ_{k+m}, ODE elsewhere (arXiv 2601.00423)
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class RandomWindow:
 
 @dataclass
 class SlidingWindow:
-    """MixGRPO progressive window (``GRPOTrainingStates``, reference A §4.2 / C §2.1).
+    """MixGRPO progressive window (``GRPOTrainingStates``, MixGRPO ``fastvideo/utils/grpo_states.py``).
 
     Window ``[c, min(c + size, max_index))`` with ``max_index = num_steps − 2`` by default (25 steps → 23).
     Every ``iters_per_group`` iterations ``c += stride``; once ``c`` reaches ``max_index`` it rolls back to 0
@@ -191,7 +191,7 @@ class SlidingWindow:
 
 @dataclass
 class MergedStep:
-    """E-GRPO: one SDE step spanning ``m`` grid steps, σ_k → σ_{k+m}, ODE elsewhere (reference C §2.2).
+    """E-GRPO: one SDE step spanning ``m`` grid steps, σ_k → σ_{k+m}, ODE elsewhere (VisualGRPO ``flux_sampler.py``).
 
     The released script trains ``steps=(1, 2, 3)`` with ``merges=(1, 1, 1)``; iteration n uses pair n mod len
     (or a random pair with ``rng`` when ``choose="random"``). With Flow-GRPO's kernel the merged step's std is
@@ -231,7 +231,7 @@ def merged_step_std(sigmas: Tensor, k: int, m: int, eta: float = 0.7) -> Tensor:
 
 
 def merged_step_entropy(sigmas: Tensor, k: int, m: int, eta: float = 0.7) -> Tensor:
-    """Per-element entropy ``½log(2πe) + log(std)`` of the merged step (reference C §0)."""
+    """Per-element entropy ``½log(2πe) + log(std)`` of the merged step."""
     return 0.5 * math.log(2 * math.pi * math.e) + torch.log(merged_step_std(sigmas, k, m, eta))
 
 

@@ -30,7 +30,7 @@ PUBLISHED = {
              "num_single_layers": 38, "patch_size": 1, "pooled_projection_dim": 768},
     # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json: the "diffusers_config" of "Wan-T2V-1.3B" in
     # huggingface/diffusers scripts/convert_wan_to_diffusers.py::get_transformer_config (the script that wrote the
-    # -Diffusers repos); reference D §3.1 lists the same numbers.
+    # -Diffusers repos).
     "wan": {"_class_name": "WanTransformer3DModel", "added_kv_proj_dim": None, "attention_head_dim": 128,
             "cross_attn_norm": True, "eps": 1e-06, "ffn_dim": 8960, "freq_dim": 256, "in_channels": 16,
             "num_attention_heads": 12, "num_layers": 30, "out_channels": 16, "patch_size": [1, 2, 2],

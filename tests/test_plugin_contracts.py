@@ -189,7 +189,7 @@ def test_shapes_rewards_declare_the_shapes_world():
 # ------------------------------------------------------------------------------------- scouts and strategies
 
 def scout_names():
-    from flowrl.training.scouts import SCOUTS
+    from flowrl.pools.scouts import SCOUTS
 
     return sorted(SCOUTS.names())
 
@@ -197,7 +197,7 @@ def scout_names():
 @pytest.mark.parametrize("name", scout_names())
 def test_every_scout_meets_the_scout_protocol(name):
     from flowrl.contracts import Scout
-    from flowrl.training.scouts import SCOUTS
+    from flowrl.pools.scouts import SCOUTS
 
     scout = SCOUTS.get(name)()
     assert isinstance(scout, Scout), f"scout {name}: subclass flowrl.contracts.ScoutBase or declare its parts"
@@ -207,7 +207,7 @@ def test_every_scout_meets_the_scout_protocol(name):
 
 def test_rollout_strategies_meet_the_strategy_protocol():
     from flowrl.contracts import Strategy
-    from flowrl.training.pool import PoolStage
+    from flowrl.pools.stage import PoolStage
     from flowrl.training.trees import TreeStage
 
     assert issubclass(TreeStage, Strategy) and issubclass(PoolStage, Strategy)

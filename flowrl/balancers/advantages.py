@@ -4,11 +4,11 @@ Groups are integer ids (B,): equal ids came from the same prompt. A NaN reward m
 sample": it is left out of every statistic and its advantage is NaN, so callers can mask it
 (``torch.isfinite``) or zero it (``nan_to_num``).
 
-Conventions of the anchors (reference A §2.6, B §1.1, B §5):
+Conventions of the anchors (flow_grpo ``stat_tracking.py``, NVlabs/GDPO, MC-GRPO):
 - Flow-GRPO / DiffusionNFT: ``A = (r − mean_group r) / (std + 1e-4)``, std over the whole batch
   (``global_std=True``) or within the group, numpy ``np.std`` i.e. the population std (``unbiased=False``).
 - GDPO / LLM stacks use torch ``.std`` (unbiased).
-- MC-GRPO: median baseline over G+1 rollouts, MAD scale, the median rollout dropped (B §5.6).
+- MC-GRPO: median baseline over G+1 rollouts, MAD scale, the median rollout dropped (``grpo_trainer_gsm.py``).
 Finite float32 rewards of any size give finite advantages: the statistics and differences are taken in
 float64 (a float32 r − mean overflows near 3e38), and a scale of exactly 0 (a constant group with eps = 0)
 gives A = 0, the limit of a group without spread, instead of 0/0.
@@ -64,7 +64,7 @@ def finite_std(x: Tensor, unbiased: bool = False) -> Tensor:
 
 
 def batch_normalize(x: Tensor, eps: float = 1e-4, unbiased: bool = True) -> Tensor:
-    """BN(x) = (x − mean_all x) / (std_all x + eps) over the finite entries (GDPO, reference B §5); in float64,
+    """BN(x) = (x − mean_all x) / (std_all x + eps) over the finite entries (GDPO, NVlabs/GDPO); in float64,
     returned in x's dtype; 0 where the scale is exactly 0 (no spread and eps = 0)."""
     v = x[torch.isfinite(x)]
     if v.numel() == 0:
@@ -84,7 +84,7 @@ def group_advantages(
     clip: float | None = None,
     unbiased: bool = False,
 ) -> Tensor:
-    """A_i = (r_i − mean_{group(i)} r) / (s + eps)  (Flow-GRPO ``PerPromptStatTracker``, reference A §2.6).
+    """A_i = (r_i − mean_{group(i)} r) / (s + eps)  (Flow-GRPO ``PerPromptStatTracker``, ``stat_tracking.py``).
 
     s = std of all finite rewards in the batch (``std="global"``, Flow-GRPO/NFT default), of the sample's
     group (``"group"``: Wan, flux_fast), or 1 with no eps (``"none"``: mean-centering only).
@@ -127,7 +127,7 @@ def clip_advantages(adv: Tensor, max_abs: float) -> Tensor:
 def zero_std_mask(r: Tensor, group_ids: Tensor, tol: float = 0.0) -> Tensor:
     """Keep-mask (B,) bool: False for samples whose group has no reward spread (std ≤ tol) or a NaN reward.
 
-    Flow-GRPO drops such samples from training since their advantage is 0 at every step (A §2.6).
+    Flow-GRPO drops such samples from training since their advantage is 0 at every step (``train_sd3.py``).
     """
     _, std, _ = group_stats(r, group_ids)
     return (std > tol) & torch.isfinite(r)
@@ -145,7 +145,7 @@ def zero_std_ratio(r: Tensor, group_ids: Tensor, tol: float = 0.0) -> float:
 def median_advantages(
     r: Tensor, group_ids: Tensor, *, mad_eps: float = 1e-3, compensate: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """MC-GRPO median baseline over G+1 rollouts per prompt (reference B §5.6).
+    """MC-GRPO median baseline over G+1 rollouts per prompt (lotusroot-kim/MC-GRPO).
 
     m_p = median_g r,  MAD_p = median_g |r − m_p| + mad_eps,  A = (r − m_p) / MAD_p;
     with ``compensate`` the nonzero advantages of a group are scaled by n_p / #nonzero (n_p = G+1).

@@ -1,4 +1,4 @@
-"""Shared input checks and per-reward group normalisation for the balancers (reference B §5 notation).
+"""Shared input checks and per-reward group normalisation for the balancers (GDPO's notation).
 
 Contract every balancer keeps (``tests/reliability/test_balancer_fuzz.py``): for any finite rewards (NaN =
 "does not apply"), any grouping (including an empty batch) and finite weights, the advantages hold no ±inf —

@@ -1,5 +1,5 @@
 """DARA — density-aware reweighting by inverse-sqrt active-group density (zhaihaotian/DARA@0459102
-math/rdgdpo/advantages.py, @54024d0 docs/ALGORITHMS.md; reference B §5.4):
+math/rdgdpo/advantages.py, @54024d0 docs/ALGORITHMS.md):
 
     active[p,k] = Σ_g |Â_k[p,g]| > τ   (τ = 1e-8),     π_k = mean_p active[p,k]
     w_k = min(w_max, sqrt(max_j π_j / π_k))  if π_k > 0 else 1          (w_max = 5)

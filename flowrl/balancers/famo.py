@@ -1,5 +1,5 @@
 """FAMO — fast adaptive multitask optimisation from per-reward loss values only, O(1) (Liu, Liu, Jin, Stone,
-Liu, NeurIPS 2023, arXiv 2306.03792; Cranial-XIX/FAMO@250873e famo.py; reference F §C.2).
+Liu, NeurIPS 2023, arXiv 2306.03792; Cranial-XIX/FAMO@250873e famo.py).
 
 FAMO keeps task logits w (K,), weights z = softmax(w), and steps along Σ_k z_k ∇ log ℓ_k (its weighted loss
 Σ_k z_k log ℓ_k / c, c = Σ_k z_k/ℓ_k a positive rescale). After the step it moves w by the change of the log
@@ -16,7 +16,7 @@ advantages A_k = (R_k − mean_prompt R_k)/s_k, s_k = std(R_k) + eps, is ∇J_k 
 
 Then −∇ log ℓ_k is exactly reward k's normalised-advantage gradient, FAMO's direction Σ_k z_k ∇ log ℓ_k is
 the gradient of the loss with A = Σ_k z_k A_k (Σ z = 1, so an affine objective's constant term comes out once,
-reference B §4.3), and log ℓ is scale-free as FAMO's log is: δ_k = (J̄_k^t − J̄_k^(t−1)) / s_k^(t−1), the
+as in MARBLE's amortized step), and log ℓ is scale-free as FAMO's log is: δ_k = (J̄_k^t − J̄_k^(t−1)) / s_k^(t−1), the
 batch-mean gain of reward k between consecutive iterations in units of the spread its advantages were scaled
 by (the same function ℓ^(t−1) before and after the step, as FAMO's update). J̄_k is the mean of the finite
 R_k; δ_k = 0 when either mean is missing or s_k^(t−1) had no spread (A_k ≡ 0: reward k did not steer that

@@ -1,5 +1,5 @@
 """GD²PO — conflict-aware masking and query reweighting (Qwen-Applications/GD2PO@f1ad765
-tool-calling/verl/trainer/ppo/ray_trainer.py; reference B §5.5), per rollout i with per-reward advantages
+tool-calling/verl/trainer/ppo/ray_trainer.py), per rollout i with per-reward advantages
 a_k = Â_k (group mean / unbiased group std, eps 1e-4; NaN → 0):
 
     conflict_i = (∃k a_k > 1e-8) ∧ (∃k a_k < −1e-8)

@@ -1,4 +1,4 @@
-"""GDPO — reward-decoupled normalisation (NVlabs/GDPO@41f74c5 trl grpo_trainer.py; reference B §5.2).
+"""GDPO — reward-decoupled normalisation (NVlabs/GDPO@41f74c5 trl grpo_trainer.py).
 
 Â_k = (R_k − mean_group R_k) / (std_group R_k + eps)     (torch std, unbiased; eps 1e-4)
 S   = Σ_k w_k Â_k,   A = BN(S) = (S − mean_all S) / (std_all S + eps)

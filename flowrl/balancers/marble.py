@@ -1,4 +1,4 @@
-"""MARBLE — multi-aspect reward balance by a min-norm simplex QP, amortized (reference B §4;
+"""MARBLE — multi-aspect reward balance by a min-norm simplex QP, amortized (arXiv 2605.06507;
 aim-uofa/MARBLE@1bf9543 train.py "Amortized MGDA", pre-release snapshot).
 
 Per-reward advantages A_k = (R_k − mean_prompt R_k) / (std_all_valid R_k + 1e-4), NaN where inapplicable.
@@ -8,7 +8,7 @@ cosine normalisation M_kl = G_kl/(|g_k||g_l|):
 
     α_new = argmin_{α∈Δ_K, α≥floor} ½ αᵀMα           (``min_norm.solve_min_norm``)
     α ← ρ·α + (1−ρ)·α_new                            (EMA, ρ = alpha_ema_decay = 0.7; first solve: α = α_new)
-    A_i = Σ_k α_k · nan_to_num(A_k,i)                 (one backward reproduces Σ_k α_k ∇L(A_k), B §4.3)
+    A_i = Σ_k α_k · nan_to_num(A_k,i)                 (one backward reproduces Σ_k α_k ∇L(A_k), MARBLE)
 
 Exactness needs Σα = 1 and a loss affine in A (NFT, AWR, AWM here). Rewards with a zero or non-finite
 gradient norm get α = 0. ``apply="rescaled"`` fixes MARBLE's caveat (α solved on normalised gradients but
@@ -67,7 +67,7 @@ def needs_gram(state: dict, cfg: Config | None = None) -> bool:
 
 
 def proxy_gram(A: Tensor, sample_weight: Tensor) -> Tensor:
-    """On-policy output-space Gram proxy (reference B §4.5, RECONSTRUCTION): G_kl = Σ_i s_i A_ik A_il,
+    """On-policy output-space Gram proxy (our derivation, not in MARBLE's code): G_kl = Σ_i s_i A_ik A_il,
     s_i = 4t⁴|v_old,i − v_i|²/w_i² for NFT-type losses. A (N, K) with NaN → 0; s (N,) ≥ 0."""
     A0 = torch.nan_to_num(A.double(), nan=0.0)
     return A0.T @ (A0 * sample_weight.double().unsqueeze(1))

@@ -1,4 +1,5 @@
-"""MC-GRPO — the median baseline on the weighted reward sum (reference B §5.6; ``advantages.median_advantages``).
+"""MC-GRPO — the median baseline on the weighted reward sum (lotusroot-kim/MC-GRPO;
+``advantages.median_advantages``).
 
     S_i = Σ_{k: R_ik finite} w_k R_ik,   m_p = median_{i∈p} S_i,   MAD_p = median_{i∈p} |S_i − m_p| + mad_eps
     A_i = (S_i − m_p) / MAD_p,  nonzero A of a group × n_p / #nonzero (compensate),  the median rollout → NaN

@@ -2,7 +2,7 @@
 
     α* = argmin_{α ∈ Δ_K, α_k ≥ floor}  ½ αᵀ M α,     M_kl = g_k · g_l
 (Sener & Koltun 2018, isl-org/MultiObjectiveOptimization@1c6d0d5 multi_task/min_norm_solvers.py; MARBLE solves
-the same QP with SLSQP, reference B §4.2, §4.4.)
+the same QP with SLSQP, ``pareto_balancer/mgda.py``.)
 
 Solvers (all in float64):
 - ``min_norm_pair``: Sener's closed form for K = 2 (``_min_norm_element_from2``).

@@ -1,5 +1,5 @@
 """PCGrad — gradient surgery as per-reward advantage weights from the K×K gradient Gram (Yu et al., "Gradient
-Surgery for Multi-Task Learning", NeurIPS 2020, arXiv 2001.06782, Algorithm 1; reference F §C.2).
+Surgery for Multi-Task Learning", NeurIPS 2020, arXiv 2001.06782, Algorithm 1).
 
 PCGrad, for each task i, projects g_i onto the normal plane of every g_j (j ≠ i, in a random order) it still
 conflicts with, sequentially, then sums:
@@ -10,7 +10,7 @@ Every g_i' stays a linear combination g_i' = Σ_k C_ik g_k and g_i'·g_j = (C_i 
 surgery runs on the Gram alone (``pcgrad_coefficients``): g = Σ_k c_k g_k, c = Σ_i C_i. Projections only ever
 add |g_i'·g_j|/|g_j|² ≥ 0 to C_ij and C_ii = 1, so c_k ≥ 1 and s = Σ_k c_k ≥ K > 0.
 
-From coefficients to one advantage (MARBLE's affine trick, reference B §4.3). g_k = ∇L(A_k) is the objective's
+From coefficients to one advantage (MARBLE's affine trick, arXiv 2605.06507). g_k = ∇L(A_k) is the objective's
 gradient for reward k's advantages A_k. For a loss affine in A (NFT, AWR, AWM here; Flow-GRPO's clipped ratio
 loss on its first, on-policy step), L(A) = a + A·b with a constant term a that does not depend on A, so
 
@@ -19,7 +19,7 @@ loss on its first, on-policy step), L(A) = a + A·b with a constant term a that 
 The balancer returns A = Σ_k c̄_k nan_to_num(A_k): one backward gives PCGrad's direction exactly, scaled by
 1/s; the constant term (NFT's trust-region part at r = ½) comes out once, as in the single-reward loss. The
 factor s is reported as ``scale`` (diagnostic); it is not applied: AdamW is invariant to a constant gradient
-scale and the update's norm is clipped anyway. Caveats shared with MARBLE (B §4.3): the Gram comes from one
+scale and the update's norm is clipped anyway. Caveats shared with MARBLE's amortized step: the Gram comes from one
 micro-batch, each g_k averages over the samples where reward k applies, while the mixed loss averages over all
 samples (NaN → 0), and the objective clips A once, after mixing.
 

@@ -1,6 +1,5 @@
 """SA-MRPO — saturation-aware reweighting of decoupled per-reward advantages, as SA-GDPO in the NVlabs/GDPO trl
-fork (@41f74c5 trl/trainer/grpo_trainer.py ``apply_sa_gdpo``; the SA-MRPO paper's code is not public;
-reference B §5.3):
+fork (@41f74c5 trl/trainer/grpo_trainer.py ``apply_sa_gdpo``; the SA-MRPO paper's code is not public):
 
     s_k  = clamp( (mean R_k − R_k^min) / max(R_k^max − R_k^min, 1e-4), 0, 1 )     (batch saturation)
     w'_k = w_k · (1 − s_k)^γ,     A = BN( Σ_k w'_k Â_k )                           (γ = 1)

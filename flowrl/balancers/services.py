@@ -6,7 +6,7 @@ A balancer that needs more than the rewards asks for it by calling a method of t
     reward_gram(A_k (N, K)) -> G (K, K) float64
         the Gram matrix G_kl = g_k·g_l of the objective's per-reward loss gradients g_k = ∇_θ L(A_k) on one
         micro-batch of this iteration's rollouts (K backward passes; averaged over processes). MARBLE's
-        min-norm QP and PCGrad's projections are functions of G alone (reference B §4.2, F §C.2).
+        min-norm QP and PCGrad's projections are functions of G alone (MARBLE's ``pareto_balancer``, PCGrad's Alg. 1).
 
 A balancer module that calls ``reward_gram`` declares it, ``NEEDS_REWARD_GRADIENTS = True`` (``flowrl.contracts
 .Balancer``); the advantage stage hands every other balancer ``NoServices``. The shared computation behind the
@@ -58,17 +58,17 @@ class FixedGram:
 
 def standardized_advantages(R: Tensor, group_ids: Tensor) -> Tensor:
     """A_k = (R_k − mean_group R_k) / (std_all R_k + 1e-4) per reward (population std), NaN where R is NaN:
-    (N, K). Flow-GRPO's global-std tracker per reward, MARBLE's default A_k (reference B §4.1)."""
+    (N, K). Flow-GRPO's global-std tracker per reward, MARBLE's default A_k (arXiv 2605.06507)."""
     return per_reward_advantages(R, group_ids, std="global", eps=1e-4, unbiased=False)
 
 
 def gradient_gram(loss_of: Callable[[Tensor, Tensor], Tensor], A_k: Tensor, params: Sequence[Tensor],
                   reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
-    """G = g gᵀ (K, K) float64 of per-reward loss gradients (reference B §4.2 step 1–2): for each reward k,
-    the flattened g_k = ∇ loss_of(nan_to_num(A_k), valid_k) of the objective on one micro-batch (K backward
-    passes; non-finite entries → 0), optionally all-reduced across processes by ``reduce`` (mean of the (K, P)
-    stack). ``loss_of(adv (B,), mask (B,) bool) -> scalar`` must rebuild the graph each call (e.g.
-    ``objective.loss(policy, replace(batch, advantages=adv, mask=mask), cfg).loss``)."""
+    """G = g gᵀ (K, K) float64 of per-reward loss gradients (MARBLE, arXiv 2605.06507, "Full MGDA" branch of
+    ``train.py``): for each reward k, the flattened g_k = ∇ loss_of(nan_to_num(A_k), valid_k) of the objective
+    on one micro-batch (K backward passes; non-finite entries → 0), optionally all-reduced across processes by
+    ``reduce`` (mean of the (K, P) stack). ``loss_of(adv (B,), mask (B,) bool) -> scalar`` must rebuild the
+    graph each call (e.g. ``objective.loss(policy, replace(batch, advantages=adv, mask=mask), cfg).loss``)."""
     params = [p for p in params if p.requires_grad]
     rows = []
     for k in range(A_k.shape[1]):

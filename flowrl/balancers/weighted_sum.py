@@ -1,8 +1,8 @@
 """Weighted sum, then group normalisation: the single-reward pipeline applied to S = Σ_k w_k R_k.
 
 S_i = Σ_{k: R_ik finite} w_k R_ik,   A = (S − mean_group S) / (std S + eps)
-DiffusionNFT / FlowAWR multi-reward (``multi_score``, reference B §1.8) and Flow-Factory's "sum"
-aggregation; GRPO baseline of GDPO's README (B §5.1). Inapplicable (NaN) rewards add nothing to S; a sample
+DiffusionNFT / FlowAWR multi-reward (``flow_grpo/rewards.py`` ``multi_score``) and Flow-Factory's "sum"
+aggregation; GRPO baseline of GDPO's README ("Original trl"). Inapplicable (NaN) rewards add nothing to S; a sample
 with no applicable reward gets a NaN advantage.
 
 Diagnostic ``alpha_<k>`` = w_k s_k / Σ_j w_j s_j, s_k the std of reward k's finite values: since

@@ -1,4 +1,4 @@
-"""Save and restore the whole state of an RL run, for exact resume (reference E §3.6).
+"""Save and restore the whole state of an RL run, for exact resume.
 
 A checkpoint (``flowrl.checkpoint.store``, atomic) holds tensor groups ``train`` and ``old`` (the LoRA adapters,
 or the full transformer weights), ``ema`` (the eval-EMA shadow), and a state dict with the optimizer, the loop

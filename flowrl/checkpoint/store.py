@@ -7,7 +7,7 @@ Layout of one checkpoint (``run_dir/checkpoints/step_00000100/``)::
                           position, balancer state, RNG states), loadable with torch.load(weights_only=True)
     manifest.json         step, file names, sizes and sha256 of each file; written last
 
-Atomicity (the rule checkpoint-writing code in Flow-GRPO / Flow-Factory lacks, reference E §3.6): everything
+Atomicity (the rule checkpoint-writing code in Flow-GRPO / Flow-Factory lacks): everything
 is written into ``checkpoints/.tmp-step_…`` beside the target, each file and the directory are fsynced, and
 only then is the directory renamed to ``step_…`` (``os.rename`` is atomic on POSIX). A crash at any point
 leaves either the old set of checkpoints or the old set plus one complete new one; ``latest_checkpoint``

@@ -1,6 +1,6 @@
 """Strict dataclass configs from YAML: ``from_dict``, dotted ``key=value`` overrides, tagged plugin sections.
 
-The schema is plain dataclasses (reference E §3.7). ``from_dict(cls, data, where)`` builds one strictly: an unknown
+The schema is plain dataclasses (docs/config.md). ``from_dict(cls, data, where)`` builds one strictly: an unknown
 key or a wrong type raises ``ConfigError`` naming the key, where it came from (file or command line) and the
 nearest valid key (difflib). A field whose metadata names a registry (``plugin_field``) is a tagged union:
 ``{kind: grpo, clip_range: 1e-4}`` resolves ``kind`` through that registry and builds the plugin module's own

@@ -2,14 +2,14 @@
 
     cfg = load_config("configs/default.yaml", ["train.lr=1e-4", "rewards.shapes.weight=0.5"])
 
-Sections (reference E §3.7): ``run`` (name, output dir, seed, resume, precision), ``policy`` (tagged: POLICIES),
+Sections: ``run`` (name, output dir, seed, resume, precision), ``policy`` (tagged: POLICIES),
 ``data`` (prompt sets), ``sampler`` (steps, guidance, resolution, and the tagged ``kernel`` / ``window``),
 ``rewards`` (keyed by name, each ``{weight, reward?, kwargs, ...}`` as in ``rewards.compose``), ``advantage`` (group
 statistics + tagged ``balancer``), ``objective`` (tagged: OBJECTIVES), ``train``, ``eval``, ``checkpoint``, ``log``,
 ``dist`` (sharding). A recipe holds only non-default values; defaults are the Flow-GRPO / DiffusionNFT published
-ones (reference A §2.2, B §1.7). Everything strict: an unknown key or a wrong type names the key, its file and
-the nearest valid key. The resolved config is written to ``<run dir>/config.yaml``; resume reads that file
-(``load_resolved``).
+ones (flow_grpo ``config/base.py``, DiffusionNFT ``config/nft.py``). Everything strict: an unknown key or a
+wrong type names the key, its file and the nearest valid key. The resolved config is written to
+``<run dir>/config.yaml``; resume reads that file (``load_resolved``).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class RunSection:
     output_dir: str = "runs"          # the run lives in <output_dir>/<name>/
     seed: int = 42
     resume: bool = False              # continue from the latest checkpoint in the run dir (reads its config.yaml)
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (ref A §2.4)
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (README FAQ)
     cpu: bool = False                 # force CPU even when an accelerator is present
     threads: int | None = None        # torch CPU threads (None: torch's default); 1 is fastest for tiny models
     restart: bool = False             # start over in a run dir that holds checkpoints (they are deleted first)
@@ -108,7 +108,7 @@ class SamplerSection:
                                                       # its stored steps with the same reduction
     tree: Any = field(default=None, metadata={"build": optional_section("samplers.tree_config:TreeConfig")})
     # None: flat rollouts; {preset: branchgrpo, ...}: one branching tree per prompt (docs/training.md "Trees")
-    pool: Any = field(default=None, metadata={"build": optional_section("flowrl.training.pool:PoolConfig")})
+    pool: Any = field(default=None, metadata={"build": optional_section("flowrl.pools.stage:PoolConfig")})
     # None: no pool; {candidates: N, scout: {kind: x0_exit}, ...}: scout N seeds per prompt, regenerate the
     # train.group_size kept ones (docs/training.md "Candidate pools")
     restart: Any = field(default=None, metadata={"build": optional_section("samplers.restart:Config")})
@@ -159,7 +159,7 @@ def build_rewards(data: Any, where: str, source: Source | None) -> dict:
 @dataclass
 class AdvantageSection:
     """Rewards R (N, K) → advantages (N,) by the tagged ``balancer`` (its Config holds the std mode: Flow-GRPO's
-    A = (r − mean_group r) / (std + 1e-4), std over the batch or the group, ref A §2.6). The clip |A| ≤ C is the
+    A = (r − mean_group r) / (std + 1e-4), std over the batch or the group). The clip |A| ≤ C is the
     objective's (``objective.adv_clip_max``), as in every anchor. ``diagnose_every`` N > 0 logs, every N
     iterations, the cosine of each reward's gradient with the applied update (``balance/cos_<reward>``,
     ``balance/neg_cos_any``; K + 1 extra backward passes on one micro-batch; flowrl/training/advantage.py)."""

@@ -1,6 +1,6 @@
 """Causal Wan: diffusers' ``WanTransformer3DModel`` made block-causal without forking its code.
 
-Reference D §1.2 (Self-Forcing ``CausalWanModel``) and §3.2 (the diffusers route, verified there):
+Self-Forcing's ``CausalWanModel`` (``wan/modules/causal_model.py``), rebuilt on diffusers' classes:
 
 * every block's ``attn1`` gets a ``CausalSelfAttention`` processor that either applies a boolean attention mask
   (full-sequence passes: block-causal training/replay, or none for bidirectional) or attends to
@@ -220,7 +220,7 @@ class CausalWan(nn.Module):
 
 
 def x0_from_flow(x: Tensor, v: Tensor, sigma: Tensor) -> Tensor:
-    """x̂0 = x − σ·v (reference D §1.3, ``_convert_flow_pred_to_x0``); σ broadcast from (B,) or (B, F)."""
+    """x̂0 = x − σ·v (Self-Forcing ``_convert_flow_pred_to_x0``); σ broadcast from (B,) or (B, F)."""
     return x - _bcast(sigma, x) * v
 
 

@@ -1,6 +1,6 @@
 """Model components for distillation: tiny offline Wan transformer/VAE, text encoders, latent (de)normalisation.
 
-Tiny configs are diffusers' own test fixtures (reference D §3.3, ``tests/pipelines/wan/test_wan.py``), built from
+Tiny configs are diffusers' own test fixtures (``tests/pipelines/wan/test_wan.py``), built from
 config objects — nothing is downloaded. Real checkpoints load through the normal ``from_pretrained`` code.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
                 out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-"""diffusers' tiny Wan transformer test config (reference D §3.3)."""
+"""diffusers' tiny Wan transformer test config (``tests/pipelines/wan/test_wan.py``)."""
 
 TINY_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                 temperal_downsample=[False, True, True])
@@ -106,7 +106,8 @@ def original_wan_state_dict(path: str, key: str | None = "generator_ema") -> dic
 
     Those checkpoints hold ``{"generator": sd, "generator_ema": sd, ...}`` with original Wan keys under a
     ``model.`` prefix (``WanDiffusionWrapper.model``, FSDP wrappers); keys are renamed with diffusers' own
-    ``convert_wan_transformer_to_diffusers`` (the ``TRANSFORMER_KEYS_RENAME_DICT`` of reference D §3.1)."""
+    ``convert_wan_transformer_to_diffusers`` (the ``TRANSFORMER_KEYS_RENAME_DICT`` of diffusers'
+    ``scripts/convert_wan_to_diffusers.py``)."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     ckpt = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,6 +1,6 @@
 """The distillation run config (YAML recipes in ``configs/distill/``), loaded strictly by ``flowrl.config.loader``.
 
-Defaults are Self-Forcing's published DMD recipe (reference D §1.7, ``configs/self_forcing_dmd.yaml`` +
+Defaults are Self-Forcing's published DMD recipe (``guandeh17/Self-Forcing`` ``configs/self_forcing_dmd.yaml`` +
 ``default_config.yaml``) except where a section says otherwise; the tiny CPU recipe overrides sizes only.
 """
 from __future__ import annotations

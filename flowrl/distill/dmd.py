@@ -1,6 +1,6 @@
 """Distribution Matching Distillation: real/fake scores, the normalised DMD gradient and the critic loss.
 
-Reference D §1.5–1.6 (Self-Forcing ``model/dmd.py``, identical in CausVid/RMD/Stream-R1):
+Self-Forcing ``model/dmd.py`` (arXiv 2506.08009; identical in CausVid/RMD/Stream-R1):
 
     x_t = (1−σ)·x + σ·ε,  x = student output (detached for scoring), t shifted and clamped to [20, 980]
     x̂_fake = critic(x_t),  x̂_real = CFG(teacher(x_t | c), teacher(x_t | c_neg))
@@ -8,7 +8,7 @@ Reference D §1.5–1.6 (Self-Forcing ``model/dmd.py``, identical in CausVid/RMD
     L_G = ½·mean( W ⊙ (x − sg(x − g))² )          ⇒  ∂L_G/∂x = W ⊙ g / N
     L_critic = mean( (v̂_critic(x_t) − (ε − x))² )   (flow-matching loss on student samples)
 
-CFG conventions (§1.11 gotcha 1): "dmd2" x̂_c + w(x̂_c − x̂_u) (Self-Forcing w = 3) and "standard"
+CFG conventions: "dmd2" x̂_c + w(x̂_c − x̂_u) (Self-Forcing w = 3) and "standard"
 x̂_u + w(x̂_c − x̂_u) (diffusers/FastVideo ``dmd2.py``); the same guidance is dmd2 w = standard w − 1.
 """
 from __future__ import annotations

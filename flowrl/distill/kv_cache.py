@@ -1,6 +1,6 @@
 """Per-layer self-attention K/V cache for chunk-by-chunk causal generation, and the equivalent attention mask.
 
-Self-Forcing's protocol (reference D §1.2): after a chunk's last denoising step its clean output is re-run at
+Self-Forcing's protocol (``causal_model.py``): after a chunk's last denoising step its clean output is re-run at
 t = 0 and only that pass writes K/V (after RoPE) into the cache; every denoising pass reads the cache and
 attends to ``cache ++ current chunk``. Entries are stored detached, so the cache never carries gradient.
 

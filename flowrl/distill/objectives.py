@@ -1,9 +1,9 @@
 """Generator and critic losses of each distillation method on one self-forcing rollout.
 
-dmd        Self-Forcing DMD (reference D §1.5–1.6)
-stream_r1  DMD × exp(β·r_final) × W_intra (§4.1)
-rmd        stage 1: chunk-marginal DMD against a chunk teacher; stage 2: video-level DMD (§4.2)
-ode_init   regression onto teacher ODE trajectories (§1.9), no critic
+dmd        Self-Forcing DMD (``model/dmd.py``)
+stream_r1  DMD × exp(β·r_final) × W_intra (Stream-R1)
+rmd        stage 1: chunk-marginal DMD against a chunk teacher; stage 2: video-level DMD (RMD)
+ode_init   regression onto teacher ODE trajectories (CausVid), no critic
 """
 from __future__ import annotations
 

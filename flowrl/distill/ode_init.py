@@ -1,4 +1,5 @@
-"""ODE-regression initialisation of the causal student from teacher trajectories (reference D §1.9).
+"""ODE-regression initialisation of the causal student from teacher trajectories (CausVid,
+Self-Forcing ``model/ode_regression.py``).
 
 CausVid ``generate_ode_pairs.py``: a many-step teacher ODE (shift 8, CFG 6.0 in the standard form
 x̂ = x̂_u + 6(x̂_c − x̂_u)) from noise; keep the latents at the student's timesteps and the final x0.

@@ -1,6 +1,6 @@
 """RMD — Rollout-Marginal Distillation: score each generated chunk independently, then video-level DMD.
 
-Reference D §4.2 (``cjeen/RMD: model/frame_dmd*.py``, ``configs/stage1.yaml``, ``configs/stage2.yaml``):
+RMD (arXiv 2609.37925; ``cjeen/RMD: model/frame_dmd*.py``, ``configs/stage1.yaml``, ``configs/stage2.yaml``):
 
 * stage 1 ("chunk"): the rollout keeps its self-generated history (the student is causal), but the video is
   split into score chunks of ``score_chunk_frames`` latent frames, each its own batch element with repeated text;

@@ -1,6 +1,6 @@
 """The distillation roles — causal student, frozen teacher, trainable critic — plus text encoder and VAE.
 
-Self-Forcing (reference D §1.1, ``model/base.py``): generator = causal Wan initialised from a bidirectional
+Self-Forcing (``model/base.py``): generator = causal Wan initialised from a bidirectional
 checkpoint (or an ODE-init), real score = frozen bidirectional teacher, fake score = trainable bidirectional
 critic. Teacher and critic are wrapped in ``CausalWan`` too but always called bidirectionally.
 """

@@ -1,6 +1,6 @@
 """Self-forcing rollout: the causal student generates chunk by chunk from its own KV-cached clean history.
 
-Reference D §1.4 (Self-Forcing ``pipeline/self_forcing_training.py::inference_with_trajectory``):
+Self-Forcing (arXiv 2506.08009) ``pipeline/self_forcing_training.py::inference_with_trajectory``:
 
     for chunk b:  x = ε_b
         for i, t_i in steps:

@@ -1,4 +1,4 @@
-"""Few-step student schedules and DMD score-timestep sampling (reference D §1.3, §1.5).
+"""Few-step student schedules and DMD score-timestep sampling (Self-Forcing ``utils/scheduler.py``, ``model/dmd.py``).
 
 Timesteps are on Wan's 0..1000 scale, σ = t / 1000. Shift: σ' = s·σ / (1 + (s−1)·σ)
 (Self-Forcing ``utils/scheduler.py::set_timesteps``). Warping (``warp_denoising_step``) maps a nominal list

@@ -1,6 +1,6 @@
 """Stream-R1: reward-weighted DMD at rollout level (Inter-Reliability) and element level (Intra-Perplexity).
 
-Reference D §4.1 (``wangbei1/Stream-R1: model/stream_r1.py``, arXiv 2605.03849):
+Stream-R1 (``wangbei1/Stream-R1: model/stream_r1.py``, arXiv 2605.03849):
 
     L = exp(β·r_final) · mean( W_intra ⊙ ½(x − sg(x − g))² )     ⇒  ∂L/∂x = exp(β r_final)·W_intra ⊙ g / N
     r̄ = mean_d r_d over quality axes d (visual, motion, text; each r_d = (raw_d − μ_d)/σ_d)

@@ -1,8 +1,9 @@
 """Streaming inference: each chunk is denoised with the KV cache, decoded, and emitted at once.
 
-Reference D §5.3 (Self-Forcing ``demo.py::generate_video_stream``): per block, run the few denoising steps
+Self-Forcing ``demo.py::generate_video_stream``: per block, run the few denoising steps
 with the cache, the t = 0 cache update (skipped for the last block), decode only that block with a *cached
-causal* VAE decoder, and hand its frames out while the next block is generated. Timing per chunk (D §5.2):
+causal* VAE decoder, and hand its frames out while the next block is generated. Timing per chunk
+(Self-Forcing ``CausalInferencePipeline.inference(profile=True)``):
 latency = wall time from the start of the stream to that chunk's frames; FPS = decoded frames / total time.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The two-timescale distillation loop on accelerate: generator every k-th step, critic every step, EMA, resume.
 
-Self-Forcing ``trainer/distillation.py::train`` (reference D §1.7): at each iteration the generator is updated
+Self-Forcing ``trainer/distillation.py::train``: at each iteration the generator is updated
 when ``step % dfake_gen_update_ratio == 0`` (default 5), then the critic once; separate AdamW optimisers
 (β₁ = 0), gradient clipping at 10, EMA of the generator (0.99 from step 200). Every random draw comes from a
 generator seeded by (seed, step, role, rank), so a resumed run repeats the uninterrupted one exactly.

@@ -1,6 +1,6 @@
 """accelerate wiring: the one module that knows about processes, devices, mixed precision and backends.
 
-Data parallelism in the RL loop (reference A §2.3, Flow-GRPO's ``DistributedKRepeatSampler``): every process
+Data parallelism in the RL loop (Flow-GRPO's ``DistributedKRepeatSampler``, ``train_sd3.py``): every process
 computes the same global list of N = prompts × group_size samples for an iteration (a pure function of the
 iteration), rolls out and scores its contiguous slice ``local_slice(N)``, and the rewards are gathered so that
 advantages are computed over the whole batch on every process — a group may span processes. Gradients of the

@@ -3,7 +3,7 @@ the shapes world) off-palette colour and stray pixels.
 
 Images are (B, 3, H, W) in [0, 1]; every function returns one value per image (B,). They are what UniRL PR #407
 tracked on a hacked OCR Flow-GRPO run (dark-pixel fraction 0.451 → 0.926, edge density −60 %, colour entropy
-−54 %; reference G §2.5), plus the shapes world's own figures (docs/shapes.md). With L = 0.2126 R + 0.7152 G
+−54 %; UniRL PR #407), plus the shapes world's own figures (docs/shapes.md). With L = 0.2126 R + 0.7152 G
 + 0.0722 B (Rec. 709 weights on the stored, gamma-encoded values):
 
     dark_frac     = mean_p [L(p) < 0.05]                      near-black pixels

@@ -10,7 +10,7 @@ RMS is in pixel units ([0, 1]): two constant images of colours a and b are sqrt(
 Why the downsampling: it compares composition and colour layout, which is what collapses, rather than
 per-pixel noise, which a hacked policy can add independently per seed and which would *raise* a full-resolution
 figure; it also makes the figure cheap and comparable across resolutions. The shapes world (32×32) is compared at
-full resolution. Diversity-aware RL methods (DiverseGRPO, D²-Align; reference G §2.5) report semantic diversity
+full resolution. Diversity-aware RL methods (DiverseGRPO; D²-Align, arXiv 2512.24146) report semantic diversity
 in feature spaces; this is the pixel-space figure every evaluation can afford.
 """
 from __future__ import annotations

@@ -64,7 +64,7 @@ class DriftBand:
 
 # Why these values (measured on the shipped toy model; docs/evaluation.md, "Hacking detectors and diversity"):
 # seed-to-seed differences are ≤ 1/10 of every half-width; UniRL's measured hack (dark fraction ×2, edge density
-# −60 %, colour entropy −54 %; reference G §2.5) leaves every band; palette distance fires when it doubles (the
+# −60 %, colour entropy −54 %; UniRL PR #407) leaves every band; palette distance fires when it doubles (the
 # β_KL 1e-4 toy run, 0.0129 → 0.0263) but not at the default recipe's 0.0229 (docs/training.md).
 DEFAULT_BANDS: dict[str, DriftBand] = {
     "dark_frac": DriftBand("up", rel=0.5, abs_floor=0.05),

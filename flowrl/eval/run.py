@@ -4,10 +4,10 @@ annotated grids, ``metrics.jsonl`` and an ``index.html`` gallery.
 Noise: sample (prompt p, seed s) starts from ``policy.noise([sample_generator(s, EVAL_ITERATION, p, 0)])``
 (``samplers.rng``), so every checkpoint and every policy of the same family sees the same starting noise, and
 before/after columns differ only by the weights. Sampling is the probability-flow ODE on the policy's own σ grid,
-Euler steps ``x' = x + (σ' − σ)·v`` (reference A §1.1, diffusers FlowMatchEulerDiscreteScheduler), CFG inside
+Euler steps ``x' = x + (σ' − σ)·v`` (diffusers FlowMatchEulerDiscreteScheduler), CFG inside
 ``policy.velocity``, run by the sampling engine (``samplers.engine``) in chunks of ``batch_size`` pairs. The
-anchor evaluates the same way (ODE mode, ``eval_num_steps``; reference A §2.10) but keeps no local grids; here
-every evaluation writes files (reference E §3.6).
+anchor evaluates the same way (ODE mode, ``eval_num_steps``, ``train_sd3.py``) but keeps no local grids; here
+every evaluation writes files.
 
 Output layout of ``out_dir``::
 

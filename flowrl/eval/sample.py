@@ -1,6 +1,6 @@
 """Deterministic evaluation sampling: the probability-flow ODE through ``samplers.rollout``.
 
-    x_{i+1} = x_i + (σ_{i+1} − σ_i)·v_θ(x_i, σ_i, c)      on the policy's own σ grid (reference A §1.1),
+    x_{i+1} = x_i + (σ_{i+1} − σ_i)·v_θ(x_i, σ_i, c)      on the policy's own σ grid (diffusers Euler),
 
 bit-identical to diffusers' FlowMatchEulerDiscreteScheduler (the rollout engine's Euler branch), CFG inside
 ``policy.velocity``. Evaluation noise uses its own generator stream, ``EVAL_ITERATION`` in

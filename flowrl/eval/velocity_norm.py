@@ -2,7 +2,7 @@
 velocity-norm hacking statistic of the evaluations (``eval/velocity_rms``).
 
 RL fine-tuning of flow generators inflates the per-step velocity norm ‖v_θ‖ by 5–15 % over the reference under
-NFT, AWM and DPO (NormGuard, Pan et al., arXiv 2606.27771; reference G §2.5). The norm used for both is the root
+NFT, AWM and DPO (NormGuard, Pan et al., arXiv 2606.27771). The norm used for both is the root
 mean square over a sample's latent elements,
 
     ‖v‖ = sqrt(mean_elems v²)                                           (B,)

@@ -28,7 +28,7 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
     normguard   NormGuard hinge on velocity-norm growth over the base, wrapped around any of the above
     gardo       GARDO: KL to a refreshable reference on the uncertain samples only, diversity-aware advantages
 
-nft, awr and awm share ``regression.rectified_regression`` (reference B §2.5); grpo_guard and dppo share grpo's
+nft, awr and awm share ``regression.rectified_regression`` (one rectified target); grpo_guard and dppo share grpo's
 stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
 the module's parts as an ``ObjectiveSpec`` (the ``flowrl.contracts.Objective`` Protocol: the optional hooks are
 always there, no-ops unless the module defines them); a new objective is one file with these names.

@@ -1,6 +1,5 @@
 """AWM — Advantage Weighted Matching, the on-policy limit of the rectified regression (Xue et al.,
-arXiv 2509.25050; scxue/advantage_weighted_matching@be51372 scripts/train_sd3_awm.py L210–252, L1293–1352;
-reference B §2.1).
+arXiv 2509.25050; scxue/advantage_weighted_matching@be51372 scripts/train_sd3_awm.py L210–252, L1293–1352).
 
 Per sample, σ = t, fresh ε, x_t = (1−t)x0 + tε, v = ε − x0, m = mean (v_θ − v)² (float64):
     ρ(m)  = [(m + 1e-10)^p − (1e-10)^p]·t/p       ("ghuber", p = 0.25; "uniform": m, "t": t·m, "t2": t²·m)

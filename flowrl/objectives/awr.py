@@ -1,5 +1,5 @@
 """Advantage-Weighted Rectification — FlowAWR (Fuzm7/FlowAWR@05e993a scripts/train_awr_sd3.py,
-flow_grpo/stat_tracking.py ``update(exp=True)``) and VideoAWR (scripts/train_wan2_1_awr.py); reference B §2.3–2.4.
+flow_grpo/stat_tracking.py ``update(exp=True)``) and VideoAWR (scripts/train_wan2_1_awr.py, config/wan.py).
 
 Energies per prompt group of size k (``prepare_advantages``, on the whole epoch before micro-batching):
     a_i = clip(A_i, −C, C)/τ,  p = softmax_group(a),  e_i = p_i − 1/k          (Σ_group e = 0)

@@ -1,6 +1,6 @@
 """Flow-DPPO — the PPO ratio clip replaced by a mask on the exact per-step Gaussian KL to the old policy
 (arXiv 2606.11025; Tencent-Hunyuan/UniRL ``FlowDPPO/`` and ``unirl/algorithms/flowdppo.py``
-``_flowdppo_kl_adv_loss``, verl-omni ``flow_dppo``, Flow-Factory ``dppo``; reference G §2.1).
+``_flowdppo_kl_adv_loss``, verl-omni ``flow_dppo``, Flow-Factory ``dppo``).
 
 For trained stored step j of sample i, re-scored exactly as ``grpo`` (same kernel, Config and reduction), with
 μ_old the rollout's stored mean and s the transition std (the same for both policies):

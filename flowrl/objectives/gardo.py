@@ -1,6 +1,6 @@
 """GARDO — Gated and Adaptive Regularization with Diversity-aware Optimization (He et al., arXiv 2512.24138;
-yifan123/flow_grpo@94e23ee ``scripts/train_sd3_gardo.py``, ``flow_grpo/stat_tracking.py`` ``type='gardo'``;
-reference G §2.5). Flow-GRPO with three changes, each a pure function here:
+yifan123/flow_grpo@94e23ee ``scripts/train_sd3_gardo.py``, ``flow_grpo/stat_tracking.py`` ``type='gardo'``).
+Flow-GRPO with three changes, each a pure function here:
 
 1. Gated KL. Only the most uncertain samples are regularised. With win rates w(x)_i = (#{j ≠ i: x_j < x_i} +
    ½#{j ≠ i: x_j = x_i}) / (N − 1) over the N samples of an iteration, r the trained (proxy) reward and a_1..a_K

@@ -1,6 +1,5 @@
 """Flow-GRPO / DanceGRPO — PPO-clip on the stored SDE transitions (Liu et al., arXiv 2505.05470,
-FG@9745241 scripts/train_sd3.py L870–905; Xue et al. DanceGRPO train_grpo_flux.py ``train_one_step``;
-reference A §1.5, §2.6).
+FG@9745241 scripts/train_sd3.py L870–905; Xue et al. DanceGRPO train_grpo_flux.py ``train_one_step``).
 
 For each trained stored step j of sample i (x_j → x_{j+1} stored, σ_j → σ_{j+1}):
     v_θ   = policy.velocity(x_j, σ_j, c, w)  under the "train" adapter (w = the rollout's CFG, or 1 for no-CFG)

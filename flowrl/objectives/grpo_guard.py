@@ -1,5 +1,5 @@
 """GRPO-Guard — ratio normalisation per step and regulated clipping for Flow-GRPO (Wang et al., arXiv 2510.22319;
-FG@9745241 ``scripts/train_sd3_GRPO_Guard.py`` with ``config.rationorm``, ``config/grpo_guard.py``; reference A §2.7).
+FG@9745241 ``scripts/train_sd3_GRPO_Guard.py`` with ``config.rationorm``, ``config/grpo_guard.py``).
 
 For trained stored step j of sample i, re-scored exactly as ``grpo`` (same kernel, Config and log-prob reduction):
 μ_θ and the transition std s = g·sqrt|dt| from ``kernel.step``, μ_old the rollout's stored mean, and

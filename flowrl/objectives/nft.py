@@ -1,5 +1,5 @@
 """DiffusionNFT — online diffusion RL on the forward process (Zheng et al., arXiv 2509.16117;
-NVlabs/DiffusionNFT@24af555 scripts/train_nft_sd3.py L862–971; reference B §1).
+NVlabs/DiffusionNFT@24af555 scripts/train_nft_sd3.py L862–971).
 
 Per stored clean latent x0, training σ = t and fresh ε:
     x_t = (1−t)x0 + tε,  v = ε − x0,  v_old = v_{θ_old}(x_t) (adapter "old", no grad),  v_θ (adapter "train")
@@ -11,7 +11,7 @@ Per stored clean latent x0, training σ = t and fresh ε:
 Two betas: ``beta`` is NFT's β (inverse step size of the implicit policies: 1.0, 0.1 for OCR / multi-reward),
 ``beta_kl`` the weight of the KL to the frozen base (1e-4).
 With equal weights the policy loss equals (Cβt²/w)·|v_θ − v_tgt|² + const, v_tgt = v_old + A/(Cβ)·(v − v_old)
-(reference B §1.3), i.e. the shared rectified regression with c = A/(Cβ); ``form="target"`` trains exactly that.
+(the anchor's L862–971), i.e. the shared rectified regression with c = A/(Cβ); ``form="target"`` trains exactly that.
 The loss is affine in A for |A| ≤ C (what MARBLE's amortized α relies on). Rollouts are CFG-free
 (guidance 1.0, the recipe's ``sampler.guidance``); training forwards use the conditional branch only
 (``train_guidance=1.0``). NFT trains on the forward process of the rollouts' clean latents (``TRAINS_ON``) at
@@ -68,7 +68,7 @@ class Config:
 
 
 def optimality_probability(adv: Tensor, clip_max: float = 5.0, mode: str = "all") -> Tensor:
-    """r = clamp(A'/C/2 + 1/2, 0, 1), A' = clamp(A, −C, C) after the ``adv_mode`` transform (reference B §1.2)."""
+    """r = clamp(A'/C/2 + 1/2, 0, 1), A' = clamp(A, −C, C) after the ``adv_mode`` transform (L910–929)."""
     a = adv.clamp(-clip_max, clip_max)
     if mode == "positive_only":
         a = a.clamp(min=0)

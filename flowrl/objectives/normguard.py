@@ -1,5 +1,5 @@
 """NormGuard — a training-time hinge penalty on per-step velocity-norm growth over the reference, added to any
-objective (Pan et al., arXiv 2606.27771; reference G §2.5).
+objective (Pan et al., arXiv 2606.27771).
 
     loss = inner.loss + w · P,   P = mean over c of masked_mean_i h(v_θ,c,i, v_ref,c,i)
     h    = max(0, ‖v_θ‖ − (1 + m)·sg(‖v_ref‖))^p,      ‖v‖ = sqrt(mean_elems v²)  (flowrl.eval.velocity_norm)

@@ -1,7 +1,7 @@
 """Decay schedules of the sampling ("old") adapter and the eval EMA, as pure functions of the step.
 
 The old adapter is soft-updated once per epoch: θ_old ← η·θ_old + (1−η)·θ (``soft_update_``), with η from
-(reference B §1.6, §2.1, §4.1; DiffusionNFT train_nft_sd3.py ``return_decay``):
+(DiffusionNFT train_nft_sd3.py ``return_decay``, AWM ``train_sd3_awm.py``, MARBLE ``train.py``):
 - ``nft``      (decay_type=1, default):    η = min(0.001·step, 0.5)
 - ``nft_ocr``  (decay_type=2, OCR, Wan):   η = 0 for step < 75, then min(0.0075·(step − 75), 0.999)
 - ``on_policy`` (decay_type=0):            η = 0 (old = current after every update)

@@ -1,4 +1,4 @@
-"""The regression kernel shared by the forward-process objectives (reference B §2.5, §7.1).
+"""The regression kernel shared by the forward-process objectives (DiffusionNFT, FlowAWR, AWM).
 
 All of them noise a stored clean latent forward, x_σ = (1−σ)x0 + σε, and regress v_θ(x_σ) onto a per-sample
 **rectified target** around the rollout ("old") policy:

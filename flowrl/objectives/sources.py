@@ -3,11 +3,11 @@
 Every objective module names one source as ``TRAINS_ON`` (DESIGN "plugins describe what they need"); the loop
 calls ``TRAINS_ON.batches(...)`` and never asks which kind it is:
 
-- ``TRAJECTORY_ROWS`` — the rollout's stored SDE transitions (Flow-GRPO / DanceGRPO, reference A §1.5): the
+- ``TRAJECTORY_ROWS`` — the rollout's stored SDE transitions (Flow-GRPO / DanceGRPO, ``train_sd3.py``): the
   rollout must store its stochastic steps (a stochastic kernel), and each stored step is one ``TrainBatch``
   (Flow-GRPO's per-step backward).
 - ``FORWARD_PROCESS`` — the rollout's clean latents x0, noised afresh at training σ's picked by the objective's
-  own ``timesteps`` sampler (DiffusionNFT / AWR / AWM, reference B §1.4): one ``TrainBatch`` per σ column
+  own ``timesteps`` sampler (DiffusionNFT / AWR / AWM, ``train_nft_sd3.py`` L795–816): one ``TrainBatch`` per σ column
   (DiffusionNFT's per-timestep backward). Any kernel may sample.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Which σ each sample is trained at, for the forward-process objectives (reference B §1.4, §2.1, §2.4).
+"""Which σ each sample is trained at, for the forward-process objectives (DiffusionNFT
+``train_nft_sd3.py``, AWM ``train_sd3_awm.py``, VideoAWR ``train_wan2_1_awr.py``).
 
 All pick indices into the rollout's own discrete schedule ``sigmas[:-1]`` (the σ's a step starts from; the
 final 0 is never trained) and return indices; ``sigmas_at`` turns them into σ values.

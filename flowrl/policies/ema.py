@@ -1,6 +1,6 @@
 """Exponential moving average of a parameter list, swappable in for evaluation and checkpoints.
 
-Update (Flow-GRPO ``EMAModuleWrapper``, reference A §2.4, ``FG:flow_grpo/ema.py``): every
+Update (Flow-GRPO ``EMAModuleWrapper``, flow_grpo ``flow_grpo/ema.py``): every
 ``update_interval``-th optimiser step — when ``(step + 1) % update_interval == 0`` —
 
     β_t = min((1 + step) / (10 + step), decay)   if warmup else decay

@@ -13,8 +13,8 @@ with the *distilled* guidance g (default 3.5) fed to the guidance embedding, no 
 true CFG (``Config.true_cfg > 1`` and a Cond encoded with cfg=True; pipeline ``true_cfg_scale``):
 v = v_neg + s·(v − v_neg), two forwards.
 σ grid: ``linspace(1, 1/N, N)`` shifted by e^μ/(e^μ + 1/σ − 1), μ linear in the token count HW/4 (the pipeline's
-``calculate_shift``). Defaults: guidance 3.5 and SDE noise level 0.9 (Flow-GRPO FLUX, reference A §2.5 and FG
-comment "In FLUX, 0.9"), LoRA r=64/α=128 with the FF layers added (reference A §2.4), max_sequence_length 512.
+``calculate_shift``). Defaults: guidance 3.5 and SDE noise level 0.9 (Flow-GRPO FLUX, ``config/grpo.py:pickscore_flux``
+and its comment "In FLUX, 0.9"), LoRA r=64/α=128 with the FF layers added (``train_flux.py``), max_sequence_length 512.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class FluxPolicy(PolicyBase):
 
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> FluxPolicy:
-        """Tiny offline FLUX (diffusers test sizes + guidance embedding, reference D §3.3), float32."""
+        """Tiny offline FLUX (diffusers test sizes + guidance embedding, ``test_pipeline_flux.py``), float32."""
         from flowrl.policies.tiny import flux_components
 
         return cls(flux_components(seed), config or Config(), device, torch.float32)

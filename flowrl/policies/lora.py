@@ -5,7 +5,7 @@ never copies weights. ``None`` means the frozen base (all adapters disabled). pe
 marks the activated adapter trainable, so every switch here re-applies the one rule of flowrl:
 only the "train" adapter's parameters require grad.
 
-Defaults are Flow-GRPO's (reference A §2.4, ``FG:scripts/train_sd3.py`` L418–437): r=32, α=64,
+Defaults are Flow-GRPO's (flow_grpo ``scripts/train_sd3.py`` L418–437): r=32, α=64,
 gaussian init (A ~ N(0, 1/r), B = 0, so a fresh adapter equals the base), SD3 attention targets.
 Adapter parameters are kept in float32 whatever the base dtype (Flow-GRPO casts trainable params to fp32).
 """
@@ -35,7 +35,7 @@ WAN_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"
 
 @dataclass
 class LoraConfig:
-    """LoRA hyper-parameters (defaults: Flow-GRPO SD3, reference A §2.4)."""
+    """LoRA hyper-parameters (defaults: Flow-GRPO SD3, ``scripts/train_sd3.py``)."""
 
     rank: int = 32
     alpha: int = 64
@@ -164,7 +164,7 @@ def copy_adapter(model: nn.Module, src: str, dst: str) -> None:
 
 @torch.no_grad()
 def soft_update(dst: list[Tensor], src: list[Tensor], decay: float) -> None:
-    """dst ← decay·dst + (1 − decay)·src  (Flow-GRPO / DiffusionNFT "old" policy update, reference B §2)."""
+    """dst ← decay·dst + (1 − decay)·src  (Flow-GRPO / DiffusionNFT "old" policy update, ``train_nft_sd3.py``)."""
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"soft_update decay must be in [0, 1], got {decay}")
     for d, s in zip(dst, src, strict=True):

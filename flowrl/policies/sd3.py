@@ -7,8 +7,8 @@ Prompt encoding is the pipeline's own ``encode_prompt``; the velocity is the pip
     t = 1000·σ,   v = v_u + w·(v_c − v_u)  with one forward on the batch [uncond; cond]   (w > 1)
 
 Latents: (B, 16, H/8, W/8) scaled as the pipeline keeps them; ``decode`` undoes ``(z − shift)·scale``.
-Defaults: CFG 4.5 and SDE noise level 0.7 (Flow-GRPO SD3.5-M, reference A §2.5 and §1.2), LoRA r=32/α=64 on
-the joint-attention projections (reference A §2.4), max_sequence_length 256 (pipeline default).
+Defaults: CFG 4.5 and SDE noise level 0.7 (Flow-GRPO SD3.5-M, flow_grpo ``config/base.py``), LoRA r=32/α=64 on
+the joint-attention projections (flow_grpo ``train_sd3.py`` L418–437), max_sequence_length 256 (pipeline default).
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class SD3Policy(PolicyBase):
 
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> SD3Policy:
-        """Tiny offline SD3 (diffusers test sizes, reference D §3.3), float32, random weights."""
+        """Tiny offline SD3 (diffusers test sizes, ``test_pipeline_stable_diffusion_3.py``), float32, random weights."""
         from flowrl.policies.tiny import sd3_components
 
         return cls(sd3_components(seed), config or Config(), device, torch.float32)

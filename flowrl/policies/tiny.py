@@ -1,8 +1,8 @@
 """Tiny, offline components for SD3, FLUX and Wan: the same classes as the real models, built from config objects.
 
-Sizes follow diffusers' own pipeline tests (reference D §3.3: ``get_dummy_components`` of
+Sizes follow diffusers' own pipeline tests (``get_dummy_components`` of
 ``test_pipeline_stable_diffusion_3.py``, ``test_pipeline_flux.py``, ``test_wan.py``); the hub-only pieces are
-replaced as reference D §3.3 verified: T5/UMT5 encoders from ``T5Config``/``UMT5Config`` with d_model 32, and
+replaced: T5/UMT5 encoders from ``T5Config``/``UMT5Config`` with d_model 32, and
 tokenizers trained here with the ``tokenizers`` library on an in-memory corpus (no download).
 
 CLIP-like tokenizer: specials ``<|startoftext|>, <|pad|>, <|endoftext|>, <|unk|>`` → ids 0/1/2/3, matching
@@ -73,7 +73,7 @@ def clip_text_config():
 
 
 def t5_encoder(umt5: bool = False):
-    """T5 (or UMT5) encoder with d_model 32 (reference D §3.3: diffusers' allegro test config, d_model → 32)."""
+    """T5 (or UMT5) encoder with d_model 32 (diffusers' ``test_allegro.py`` config, d_model → 32)."""
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     kw = {"d_ff": 37, "d_kv": 8, "d_model": 32, "num_decoder_layers": 2, "num_heads": 4, "num_layers": 2,

@@ -1,7 +1,7 @@
 """Wan2.1 text-to-video (1.3B, 14B) as a flowrl policy: 3-D DiT velocity with CFG on video latents.
 
 Components (diffusers ``WanPipeline``): WanTransformer3DModel, UMT5 encoder, AutoencoderKLWan (time ×4,
-space ×8, 16 channels). Latents (B, 16, (F−1)/4 + 1, H/8, W/8); F − 1 must be a multiple of 4 (reference D §3.1).
+space ×8, 16 channels). Latents (B, 16, (F−1)/4 + 1, H/8, W/8); F − 1 must be a multiple of 4 (``pipeline_wan.py``).
 Velocity, as the pipeline's step (``pipeline_wan.py``), two forwards (cond, then uncond):
 
     t = 1000·σ,   v = v_u + w·(v_c − v_u)   (w > 1; default 5.0, the pipeline's)
@@ -11,7 +11,7 @@ Velocity, as the pipeline's step (``pipeline_wan.py``), two forwards (cond, then
 the flow-match Euler grid with ``shift = flow_shift`` instead (deviation: the UniPC grid differs slightly).
 Decode: ``z·std + mean`` per channel, VAE decode, (x + 1)/2 clamped → (B, F, 3, H, W).
 Defaults: CFG 5.0, max_sequence_length 512 (pipeline ``__call__``), LoRA r=32/α=64 on attention + FFN
-(targets of reference D §3.2), SDE noise level 0.7 [R: no anchor value for Wan in the Flow-GRPO SDE].
+(diffusers' Wan module names), SDE noise level 0.7 [R: no anchor value for Wan in the Flow-GRPO SDE].
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class WanPolicy(PolicyBase):
 
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> WanPolicy:
-        """Tiny offline Wan (diffusers test sizes, UMT5 text encoder; reference D §3.3), float32."""
+        """Tiny offline Wan (diffusers test sizes, UMT5 text encoder; ``test_wan.py``), float32."""
         from flowrl.policies.tiny import wan_components
 
         return cls(wan_components(seed), config or Config(), device, torch.float32)

@@ -8,7 +8,7 @@ Two modes behind one interface (composed into every policy):
   deep copies of the transformer made at construction. Memory cost: one extra copy of the transformer
   weights for "old" and one for the base (``keep_base=False`` drops the base copy, e.g. when no KL to the
   reference is used; ``adapter(None)`` then raises). Anchors offer no base reference in full-FT mode
-  (reference A §2.4: "KL only works with LoRA"); the copies make both modes behave the same.
+  (flow_grpo ``train_sd3.py``: KL via ``disable_adapter()``, LoRA only); the copies make both modes behave the same.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ a sample whose advantage is not finite is left out of the update. A balancer tha
 (MARBLE's and PCGrad's per-reward gradient Gram) declares ``needs_reward_gradients`` and asks ``services`` for it
 (``flowrl.balancers.services``); any other balancer is handed ``NoServices``.
 
-Conflict diagnostics (``advantage.diagnose_every`` = N > 0; MARBLE's measurement, reference F §C.3): every N
+Conflict diagnostics (``advantage.diagnose_every`` = N > 0; MARBLE's measurement, arXiv 2605.06507): every N
 iterations, whatever the balancer, the stage asks ``services.reward_gram`` for the (K+1)×(K+1) Gram of the
 objective's gradients g_1 … g_K of each reward alone (its standardised advantages A_k = (R_k − mean_prompt)
 / (std R_k + 1e-4), through the objective's ``prepare_advantages``) and g of the advantages actually applied,

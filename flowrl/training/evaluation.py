@@ -1,5 +1,5 @@
 """The evaluation stage: held-out prompts × ``eval.seeds`` sampled with the deterministic ODE on the "train"
-weights (the eval EMA swapped in when enabled, Flow-GRPO's practice, reference A §2.4), scored with the training
+weights (the eval EMA swapped in when enabled, Flow-GRPO's practice, ``flow_grpo/ema.py``), scored with the training
 rewards and the ``eval.held_out`` monitors; grids + ``metrics.jsonl`` + ``index.html`` go to
 ``<run dir>/eval/<tag>/`` (``flowrl.eval.run_eval``). Only the main process evaluates, except in a sharded
 (FSDP) run, where every process samples (the transformer's forwards are collectives) and only the main one
@@ -7,7 +7,7 @@ writes and logs.
 
 Every evaluation also reports the hacking detectors (``eval/detect/*``, ``eval/diversity``) and the RMS of the
 velocity per ODE step on the fixed evaluation noise (``eval/velocity_rms/mean``; RL inflates it under NFT, AWM
-and DPO, reference G §2.5). The "before" evaluation is the base: later evaluations raise ``eval/alarm/<stat>``
+and DPO, arXiv 2606.27771). The "before" evaluation is the base: later evaluations raise ``eval/alarm/<stat>``
 when a statistic leaves its band around it (``flowrl.eval.drift``); a resumed run reads the base back from
 ``metrics.jsonl``.
 """

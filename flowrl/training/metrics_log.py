@@ -6,7 +6,7 @@ stable and namespaced (see docs/evaluation.md for the table), e.g. ``reward/<nam
 
 Under accelerate only rank 0 writes: pass ``is_main_process=accelerator.is_main_process``; on other ranks
 every method is a no-op and nothing is created. The anchors log to wandb only and keep no local record
-(reference A §2.10); the jsonl file is what plots and tests read.
+(flow_grpo ``scripts/train_sd3.py``: ``wandb.init`` only); the jsonl file is what plots and tests read.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ makes it, and resume replays it. The sampling engine (``samplers.engine``) runs 
 then the flat rollout with the configured kernel, step plan (window) and log-prob reduction. A strategy may
 replace the flat rollout: with ``sampler.tree`` set, ``flowrl.training.trees`` grows one branching tree per
 prompt (the leaves are the samples, the trained edges the rows); with ``sampler.pool`` set,
-``flowrl.training.pool`` scouts N candidate seeds per prompt and regenerates the K kept ones.
+``flowrl.pools.stage`` scouts N candidate seeds per prompt and regenerates the K kept ones.
 
 ``Samples.metrics`` carries the stage's per-iteration figures for the loop to log: ``rollout/forwards``
 (velocity evaluations spent sampling, all processes), ``train/rows`` and, for stored trajectories,
@@ -114,7 +114,7 @@ class RolloutStage:
 
             self.strategy = TreeStage(self.engine, tree, self.layout, self.plan)
         if pool is not None:
-            from flowrl.training.pool import PoolStage
+            from flowrl.pools.stage import PoolStage
 
             self.strategy = PoolStage(self.engine, pool, self.layout, self.plan, rewards)
 

@@ -1,4 +1,5 @@
-"""The one online-RL loop for every model and objective (reference E §3.6, A §2.6, B §1.9).
+"""The one online-RL loop for every model and objective (flow_grpo ``train_sd3.py``,
+DiffusionNFT ``train_nft_sd3.py``).
 
     for it in range(start, cfg.train.iterations):
         samples = rollout.run(it)                    # this process's slice of P·G samples, "old" adapter

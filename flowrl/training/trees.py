@@ -1,5 +1,5 @@
 """Branching-tree rollouts in the training loop (``sampler.tree``): one tree per prompt, its leaves the group,
-its trained edges the rows (docs/training.md "Trees in training"; reference F §A.3).
+its trained edges the rows (docs/training.md "Trees in training").
 
 ``TreeStage.run(it)`` → ``TreeSamples``:
 

@@ -1,4 +1,4 @@
-"""Multi-reward balancers vs a swept weighted sum on the toy shapes world (reference F §C; issue #15).
+"""Multi-reward balancers vs a swept weighted sum on the toy shapes world (issue #15).
 
     python scripts/bench.py balancers [--sets specialist,count_vs_ink,position_vs_centering] [--seeds 0,1,2]
                                       [--methods ws,gdpo,marble,pcgrad,famo] [--iterations 60] [--quick]
@@ -11,9 +11,9 @@ everything else untouched, only the weights move) and GDPO, MARBLE (amortized Gr
 prompts × 3 seeds.
 
 Per method (seed means; 95 % t-intervals over seeds): each training reward's held-out gain; its point in
-reward space; the hypervolume w.r.t. the base checkpoint HV = Π_k (R_k − R_k^base)₊ (F §C.3, one point per
+reward space; the hypervolume w.r.t. the base checkpoint HV = Π_k (R_k − R_k^base)₊ (one point per
 method); the worst-reward normalised gain min_k (R_k − R_k^base)/(R_k^best − R_k^base), R_k^best the best any
-run of the set reached (a stand-in for the single-reward run of F §C.3); whether a swept weighted sum
+run of the set reached (a stand-in for a run trained on reward k alone); whether a swept weighted sum
 dominates it (≥ on every reward, seed means); training wall time (evaluation and conflict diagnostics
 excluded); the fraction of diagnosed batches in which some reward's gradient opposes the applied update
 (``balance/neg_cos_any``, MARBLE: 80 % under the weighted sum) and the mean applied per-reward weights α. The
@@ -78,7 +78,7 @@ def mean_ci(xs: list[float]) -> dict:
 
 
 def hypervolume(point: list[float], ref: list[float]) -> float:
-    """HV of one point w.r.t. ``ref`` (maximisation): Π_k (p_k − r_k)₊ (F §C.3)."""
+    """HV of one point w.r.t. ``ref`` (maximisation): Π_k (p_k − r_k)₊."""
     return math.prod(max(p - r, 0.0) for p, r in zip(point, ref))
 
 

@@ -15,7 +15,7 @@ detector means and drift alarms at the end, and curves against cumulative rollou
 wall time (definitions: ``_learning_lib.py``). ``eval_se`` is the standard error of one evaluation (binomial, and a
 bootstrap over prompts); ``gain_eval_se`` the bootstrap SE of one run's paired after − before difference.
 
-``nft_nfe_to_grpo_final`` (DiffusionNFT's "up to 25× fewer steps than Flow-GRPO", reference B §1.5): GRPO's final
+``nft_nfe_to_grpo_final`` (DiffusionNFT's "up to 25× fewer steps than Flow-GRPO", arXiv 2509.16117): GRPO's final
 rollout NFEs ÷ the NFEs at which NFT's mean strict curve first reaches GRPO's final mean strict accuracy (linear
 between evaluations; null when never reached, or reached before training). ``--plot`` writes
 ``<out stem>_strict.png`` and ``<out stem>_partial.png`` next to the JSON (mean ± SE bands against rollout NFEs).

@@ -1,4 +1,4 @@
-"""Pools benchmark (issue #14 item 5; reference F §B.5, T-B2): does a cheap-scout candidate pool keep what
+"""Pools benchmark (issue #14 item 5): does a cheap-scout candidate pool keep what
 naive candidate scaling buys, at a fraction of its rollout NFEs?
 
     python scripts/bench.py pools [--seeds 0,1,2] [--iterations 40] [--quick]

@@ -1,4 +1,4 @@
-"""Scouts benchmark (issue #14 item 3; reference F §B.3): how well each cheap scout ranks a prompt's candidate
+"""Scouts benchmark (issue #14 item 3): how well each cheap scout ranks a prompt's candidate
 seeds like the full model does, on the shipped toy model.
 
     python scripts/bench.py scouts [--prompts 24] [--seeds 32] [--steps 20] [--quick]
@@ -13,7 +13,7 @@ Scouts, on the same seeds:
   (read off the reference run: its velocity at step k is the one the full rollout needs next anyway);
 - ``nvfp4_k`` / ``mxfp4_k``: an emulated W4A4 FP4 copy (``samplers.fp4``; NVFP4 with two-level weight scales,
   block-local activation scales; MXFP4 RCEIL) of ``merged_transformer(policy, "old")`` with every Linear whose
-  in_features is a multiple of 32 quantized (reference F §B.3's 60 layers), k = ``--steps`` and 6 (Sol-RL's
+  in_features is a multiple of 32 quantized (60 layers on the toy), k = ``--steps`` and 6 (Sol-RL's
   preview length). On CPU this emulation measures ranking fidelity only; it is slower than full precision.
 
 Per scout: forwards per candidate, mean over prompts of Kendall τ-b between scout and reference rewards
@@ -21,7 +21,7 @@ Per scout: forwards per candidate, mean over prompts of Kendall τ-b between sco
 selection of ``--keep`` (the reference-reward gap between the scout's top and bottom halves ÷ the oracle's,
 ``samplers.select.selected_contrast``; 1 = oracle, ≈ 0 random), the mean of the top and bottom hit rates, and
 the mean scout reward. Keys ``tau_nvfp4_full_steps``, ``tau_mxfp4_full_steps``, ``tau_x0_exit`` (the exit
-whose σ is nearest 0.6), with targets NVFP4 τ ≥ 0.70 and x̂0 exit τ ≥ 0.75 (reference F §E, T-B1), and
+whose σ is nearest 0.6), with targets NVFP4 τ ≥ 0.70 and x̂0 exit τ ≥ 0.75 (the issue's targets), and
 ``fp4_refresh_s`` (merging the adapter and re-quantizing the copy, what a training pool pays per iteration).
 
 The last line printed is the JSON result; ``--quick`` (4 prompts × 8 seeds, 8 steps) checks the script end to
@@ -132,7 +132,7 @@ def fp4_copy(policy, fmt: str):
 
 
 def main(argv: list[str]) -> dict:
-    from flowrl.training.scouts import transformer_swapped
+    from flowrl.pools.scouts import transformer_swapped
 
     args = parse(argv)
     torch.set_num_threads(args.threads)

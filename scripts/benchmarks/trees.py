@@ -1,4 +1,4 @@
-"""Trees benchmark (issue #13; reference F §A.4): what one tree forward costs, whether tree-GRPO learns faster
+"""Trees benchmark (issue #13): what one tree forward costs, whether tree-GRPO learns faster
 per rollout NFE than flat GRPO and the MixGRPO window, and whether DTS* beats best-of-N at a fraction of its
 NFE.
 

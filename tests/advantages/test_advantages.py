@@ -1,4 +1,4 @@
-"""Advantages against hand-computed values (reference A §2.6, B §5.6, C §1.3)."""
+"""Advantages against hand-computed values (flow_grpo ``stat_tracking.py``, MC-GRPO, BranchGRPO)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Balancers by hand (weighted sum, GDPO) and MARBLE's simplex QP vs brute force and scipy (reference B §4–5)."""
+"""Balancers by hand (weighted sum, GDPO) and MARBLE's simplex QP vs brute force and scipy."""
 import math
 
 import numpy as np

@@ -1,5 +1,5 @@
 """The balancer benchmark's statistics on synthetic runs: hypervolume, dominance, t-intervals, worst gains and
-the headline keys (scripts/benchmarks/balancers.py; reference F §C.3)."""
+the headline keys (scripts/benchmarks/balancers.py)."""
 import importlib.util
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Conflict diagnostics of the advantage stage (cos of each reward's gradient with the applied update,
-reference F §C.3) against direct gradients, and every balancer's ``alpha_<k>`` effective weights."""
+MARBLE's measurement) against direct gradients, and every balancer's ``alpha_<k>`` effective weights."""
 import sys
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""SA-MRPO (SA-GDPO), DARA and GD²PO by hand with numpy (reference B §5.3–5.5)."""
+"""SA-MRPO (SA-GDPO), DARA and GD²PO by hand with numpy (NVlabs/GDPO, zhaihaotian/DARA, Qwen-Applications/GD2PO)."""
 import numpy as np
 import pytest
 import torch

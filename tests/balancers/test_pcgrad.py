@@ -1,5 +1,5 @@
 """PCGrad from the Gram alone equals direct PCGrad on explicit vectors (Yu et al. 2020, Algorithm 1), and the
-balancer's one-backward advantage reproduces PCGrad's direction through an affine objective (ref. B §4.3)."""
+balancer's one-backward advantage reproduces PCGrad's direction through an affine objective (MARBLE's trick)."""
 import copy
 import sys
 from pathlib import Path

@@ -71,7 +71,7 @@ def test_statistics_are_found_by_stem_and_label():
 
 
 def test_default_bands_cover_every_statistic_and_fire_on_the_measured_unirl_hack():
-    """UniRL PR #407 (reference G §2.5): dark fraction 0.451 → 0.926, edge density −60 %, entropy −54 %."""
+    """UniRL PR #407: dark fraction 0.451 → 0.926, edge density −60 %, entropy −54 %."""
     assert set(DEFAULT_BANDS) == {"dark_frac", "bright_frac", "edge_density", "color_entropy", "palette_distance",
                                   "stray_frac", "diversity"}
     base = summary(prompts=64, seeds=2, detect__dark_frac=(0.451, 0.3), detect__edge_density=(0.10, 0.05),

@@ -1,5 +1,5 @@
 """AWR (FlowAWR energies, rectified target) and AWM (on-policy advantage-weighted matching) against
-reference B §2.1, §2.3 written out directly."""
+scxue/advantage_weighted_matching and Fuzm7/FlowAWR written out directly."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Flow-DPPO against reference G §2.1 / UniRL's FlowDPPO README: the mask's truth table, the exact Gaussian KL
+"""Flow-DPPO against arXiv 2606.11025 / UniRL's FlowDPPO README: the mask's truth table, the exact Gaussian KL
 (torch.distributions), and the loss value and gradient against a direct computation."""
 import itertools
 

@@ -1,4 +1,4 @@
-"""GRPO (Flow-GRPO / DanceGRPO PPO-clip) against direct computations of reference A §1.5, §2.6."""
+"""GRPO (Flow-GRPO / DanceGRPO PPO-clip) against direct computations of flow_grpo ``scripts/train_sd3.py``."""
 import pytest
 import torch
 from objectives_fakes import KERNEL_PATH, LinearPolicy, em_log_prob, em_step, make_cond, rollout

@@ -1,4 +1,4 @@
-"""GRPO-Guard against reference A §2.7 written out independently: the per-sample ratio-mean bias (not the batch
+"""GRPO-Guard against ``train_sd3_GRPO_Guard.py``, written out alone: the per-sample ratio-mean bias (not the batch
 mean of flow_grpo#244), RatioNorm, the 1/|dt| re-weighting, their value and gradient, and the bias cancellation."""
 import pytest
 import torch
@@ -26,7 +26,7 @@ def TrainBatch(*args, **kw):  # noqa: N802  (the rollout's kernel, as the traine
 
 
 def direct_step(pol, cond, traj, j, eps):
-    """Reference A §2.7 per sample i, by hand: b_i, r_i, ℓ_i for stored step j."""
+    """GRPO-Guard per sample i, by hand: b_i, r_i, ℓ_i for stored step j."""
     with pol.adapter("train"):
         v = pol.velocity(traj.x[:, j], traj.sigma[:, j], cond)
     out = em_step(traj.x[:, j], v, traj.sigma[:, j], traj.sigma_next[:, j], x_next=traj.x_next[:, j])

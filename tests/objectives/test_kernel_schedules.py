@@ -1,5 +1,5 @@
-"""The shared regression kernel, timestep pickers and old-policy decay schedules by hand (reference B §1.4, §1.6,
-§2.1, §2.4, §2.5)."""
+"""The shared regression kernel, timestep pickers and old-policy decay schedules by hand (DiffusionNFT, AWM,
+FlowAWR / VideoAWR)."""
 import pytest
 import torch
 

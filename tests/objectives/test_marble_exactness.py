@@ -1,4 +1,4 @@
-"""MARBLE's amortized step is exact for the affine-in-A objectives (reference B §4.3): with Σα = 1,
+"""MARBLE's amortized step is exact for the affine-in-A objectives (MARBLE ``train.py`` "Amortized MGDA"): with Σα = 1,
 ∇L(Σ_k α_k A_k) = Σ_k α_k ∇L(A_k); with apply="rescaled" that gradient points along the min-norm element."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""DiffusionNFT against reference B §1.3: the anchor's pseudocode, the closed-form optimum, the on-policy
+"""DiffusionNFT against ``train_nft_sd3.py`` L862–971: the anchor's pseudocode, the closed-form optimum, the on-policy
 gradient, and affinity in A."""
 import pytest
 import torch
@@ -24,7 +24,7 @@ def batch(adv=ADV, **kw):
 
 
 def reference_nft(pol, adv, beta, beta_kl, C=5.0):
-    """Reference B §1.9 pseudocode, written out independently."""
+    """The anchor's loop (``train_nft_sd3.py``) as pseudocode, written out independently."""
     t = T[:, None]
     xt = (1 - t) * X0 + t * EPS
     with torch.no_grad(), pol.adapter("old"):
@@ -46,7 +46,7 @@ def test_spec_defaults():
     c = spec.Config()
     assert spec.TRAINS_ON is FORWARD_PROCESS
     assert (c.beta, c.beta_kl, c.adv_clip_max, c.train_guidance) == (1.0, 1e-4, 5.0, 1.0)
-    # DiffusionNFT's published loop settings come with the objective alone (reference B §1.4, §1.6)
+    # DiffusionNFT's published loop settings come with the objective alone (``train_nft_sd3.py``)
     assert (c.old_update, c.timesteps.kind, c.timesteps.config.fraction) == ("nft", "permuted", 0.99)
 
 

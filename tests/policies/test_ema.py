@@ -1,4 +1,4 @@
-"""EMA against a hand-written recursion (Flow-GRPO EMAModuleWrapper semantics, reference A §2.4)."""
+"""EMA against a hand-written recursion (Flow-GRPO EMAModuleWrapper semantics, ``flow_grpo/ema.py``)."""
 import pytest
 import torch
 from torch import nn

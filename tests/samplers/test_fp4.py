@@ -44,7 +44,7 @@ def e2m1(a):
 
 
 def reference(x, fmt, scale, mode):
-    """The format equations of reference C §6.1/§6.4 in plain torch (no torchao); NVFP4 scales by the
+    """The NVFP4 / MXFP4 format equations in plain torch (no torchao); NVFP4 scales by the
     reciprocal x·((1/s_T)/s_B) as torchao's kernel comment says. Returns (x̃, block scale S (M, K/b))."""
     k = x.shape[-1]
     b = 16 if fmt == "nvfp4" else 32

@@ -145,7 +145,7 @@ def test_a_node_does_not_depend_on_its_batch_companions():
 
 @pytest.mark.parametrize("steps,splits,k,forwards,leaves", [
     (8, (0, 2, 4), 2, 37, 8), (8, (1, 3, 5), 2, 30, 8), (8, (2, 3, 4), 2, 33, 8), (8, (0, 1, 2), 2, 47, 8),
-    (8, (0,), 4, 29, 4), (20, (0, 3, 6, 9), 2, 203, 16),      # reference F §A.4 table; BranchGRPO 203
+    (8, (0,), 4, 29, 4), (20, (0, 3, 6, 9), 2, 203, 16),      # forwards = Σ frontier sizes; BranchGRPO 203
 ])
 def test_nfe_is_the_sum_of_frontier_sizes(steps, splits, k, forwards, leaves):
     sig = flow_match_sigmas(steps, shift=3.0)

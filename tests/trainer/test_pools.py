@@ -13,8 +13,8 @@ from conftest import toy_overrides
 from test_resume import assert_bitwise, final_state
 
 from flowrl.config import ConfigError, load_config, load_resolved
-from flowrl.training.pool import PoolStage, fidelity_metrics
-from flowrl.training.scouts import Candidates
+from flowrl.pools.scouts import Candidates
+from flowrl.pools.stage import PoolStage, fidelity_metrics
 from flowrl.training.trainer import Trainer
 from samplers.rng import sample_generator
 from samplers.select import select

@@ -1,12 +1,12 @@
 """Candidate pools (``sampler.pool``): N seeds per prompt, a cheap scout scores each, a selector keeps K, the
 full policy regenerates the K from the same initial noise, and only those are scored and trained on (Sol-RL,
-arXiv 2604.06916, NVlabs/Sana ``train_scripts/sol_rl``; reference C §5, F §B; docs/training.md "Candidate
+arXiv 2604.06916, NVlabs/Sana ``train_scripts/sol_rl``; docs/training.md "Candidate
 pools").
 
 One iteration, per prompt p of this process (whole prompts per process):
 
 1. candidates j = 0..N−1, candidate j's noise from ``sample_generator(seed, iteration, p, j)``;
-2. ``scout.score`` → (P, N) reward totals of the scout images (``flowrl.training.scouts``); scout images are
+2. ``scout.score`` → (P, N) reward totals of the scout images (``flowrl.pools.scouts``); scout images are
    never trained on;
 3. ``samplers.select.select(scores, K, mode)`` keeps K = ``train.group_size`` per prompt (ascending indices;
    random modes draw from a generator seeded by (seed, iteration));
@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from flowrl.config.loader import Plugin, plugin_field
+from flowrl.pools.scouts import Candidates
 from flowrl.training.rollout import Samples, record
-from flowrl.training.scouts import Candidates
 
-SCOUTS = "flowrl.training.scouts:SCOUTS"
+SCOUTS = "flowrl.pools.scouts:SCOUTS"
 
 
 @dataclass
@@ -80,7 +80,7 @@ class PoolStage:
     the iteration layout, the step-plan function and the reward set are all it uses."""
 
     def __init__(self, engine, cfg: PoolConfig, layout, plan, rewards):
-        from flowrl.training.scouts import ScoutContext
+        from flowrl.pools.scouts import ScoutContext
 
         self.engine, self.cfg, self.layout = engine, cfg, layout
         if rewards is None:

@@ -1,4 +1,4 @@
-"""Candidate-pool scouts: score N candidate seeds per prompt cheaply, behind one interface (ref. F §B.5).
+"""Candidate-pool scouts: score N candidate seeds per prompt cheaply, behind one interface.
 
 ``scout.score(ctx, cands, iteration) -> ScoutOut`` (``ctx``: a ``ScoutContext``): one score per candidate
 (P, N) — the reward set's weighted total on the scout's image of that seed — plus the velocity evaluations it
@@ -11,7 +11,7 @@ companions (FP4 activations use block-local scales, ``samplers.fp4``). ``resumab
   steps(k)         the sampling ("old") policy, a k-step Euler ODE from the seed's noise (Sol-RL's preview:
                    6 of 10 steps). Cost k per candidate.
   x0_exit(f)       the training rollout itself (kernel, window, "old" policy), stopped after its first
-                   k = round(f·calls) model calls, scored on x̂0 = x_k − σ_k·v(x_k) (reference F §B.3: τ 0.80
+                   k = round(f·calls) model calls, scored on x̂0 = x_k − σ_k·v(x_k) (on the toy: τ 0.80
                    at σ ≈ 0.6). Cost k + 1 per candidate, and **resumable**: a kept candidate continues from
                    x_k and reuses v(x_k) and every earlier velocity (``resume``), so its prefix is paid once.
                    The pool is then a depth-k prefix of N chains pruned by a value estimate (x̂0's reward).
@@ -33,14 +33,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from flowrl.contracts import ScoutBase
 from flowrl.registry import Registry
 from flowrl.types import RewardInput
 
 SCOUTS = Registry("pool scout", {
-    "full": "flowrl.training.scouts:FullScout",
-    "steps": "flowrl.training.scouts:StepsScout",
-    "x0_exit": "flowrl.training.scouts:X0ExitScout",
-    "fp4": "flowrl.training.scouts:FP4Scout",
+    "full": "flowrl.pools.scouts:FullScout",
+    "steps": "flowrl.pools.scouts:StepsScout",
+    "x0_exit": "flowrl.pools.scouts:X0ExitScout",
+    "fp4": "flowrl.pools.scouts:FP4Scout",
 })
 
 
@@ -106,11 +107,10 @@ def ode_images(engine, cands: Candidates) -> tuple[Tensor, int]:
 
 
 @dataclass
-class StepsScout:
+class StepsScout(ScoutBase):
     """The same ("old") policy with fewer Euler ODE steps."""
 
     steps: int = 6
-    resumable: ClassVar[bool] = False
 
     def __post_init__(self):
         if self.steps < 1:
@@ -157,7 +157,7 @@ def prefix_rollout(ctx: ScoutContext, cands: Candidates, iteration: int, k: int 
             "k": v.shape[0] - 1}
 
 
-class _Resumable:
+class _Resumable(ScoutBase):
     """Kept candidates continue from the recorded prefix (``_prefix``) instead of recomputing it."""
 
     _prefix: dict
@@ -242,7 +242,7 @@ def transformer_swapped(policy, module):
 
 
 @dataclass
-class FP4Scout:
+class FP4Scout(ScoutBase):
     """An emulated NVFP4 / MXFP4 copy of the LoRA-merged "old" transformer with ``steps`` Euler steps
     (None: ``sampler.steps``). ``min_dim`` / ``skip``: which Linears are quantized
     (``samplers.fp4.default_eligibility``; ``skip: []`` quantizes embedders and the output projection too)."""
@@ -252,7 +252,7 @@ class FP4Scout:
     min_dim: int = 64
     skip: tuple[str, ...] | None = None
     _copy: Any = field(default=None, repr=False)
-    resumable: ClassVar[bool] = False
+    copies_transformer: ClassVar[bool] = True    # a merged, quantized copy of the transformer (not FSDP-shardable)
 
     def __post_init__(self):
         if self.fmt not in ("nvfp4", "mxfp4"):
