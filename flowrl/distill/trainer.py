@@ -2,12 +2,12 @@
 
 Self-Forcing ``trainer/distillation.py::train`` (reference D §1.7): at each iteration the generator is updated
 when ``step % dfake_gen_update_ratio == 0`` (default 5), then the critic once; separate AdamW optimisers
-(β₁ = 0), gradient clipping at 10, EMA of the generator (0.99 from step 200). Every random draw comes from a
-generator seeded by (seed, step, role, rank), so a resumed run repeats the uninterrupted one exactly.
+(β₁ = 0), gradient clipping at 10, EMA of the generator (0.99 from step 200). Every random draw comes from the
+project's one derivation ``samplers.rng.derived_generator(run.seed, step, role, rank)`` (namespace
+``flowrl.distill``), so a resumed run repeats the uninterrupted one exactly.
 """
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +28,9 @@ from flowrl.distill.roles import Roles, build_roles
 from flowrl.distill.rollout import self_forcing_rollout
 from flowrl.distill.schedule import denoising_timesteps
 from flowrl.policies.ema import EMA
+from samplers.rng import derived_generator
+
+NAMESPACE = "flowrl.distill"   # of every draw's seed: samplers.rng.derived_seed(seed, step, role, rank)
 
 
 class _Processes:
@@ -69,13 +72,12 @@ class DistillTrainer:
 
     # ------------------------------------------------------------------ randomness and data
     def generator(self, step: int, role: str) -> torch.Generator:
-        key = f"{self.cfg.run.seed}/{step}/{role}/{self.acc.process_index}".encode()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        """This rank's stream for (step, role): ``derived_generator(seed, step, role, rank)``."""
+        return derived_generator(self.cfg.run.seed, step, role, self.acc.process_index, namespace=NAMESPACE)
 
     def shared_generator(self, step: int, role: str) -> torch.Generator:
         """Same stream on every rank (e.g. the exit step, broadcast from rank 0 in Self-Forcing)."""
-        key = f"{self.cfg.run.seed}/{step}/{role}/shared".encode()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        return derived_generator(self.cfg.run.seed, step, role, "shared", namespace=NAMESPACE)
 
     def batch(self, step: int, role: str) -> Batch:
         b, n = self.cfg.train.batch_size, len(self.prompts)

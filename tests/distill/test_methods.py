@@ -92,3 +92,14 @@ def test_run_section_refuses_a_used_run_dir_unless_resume_or_restart(tmp_path):
     assert DistillTrainer(tiny(tmp_path, "run.restart=true")).open_run_dir() == 0
     assert not (tmp_path / "distill_tiny" / "checkpoints").exists() or \
         not list((tmp_path / "distill_tiny" / "checkpoints").glob("step_*"))
+
+
+def test_draws_come_from_the_project_seed_derivation(tmp_path):
+    from samplers.rng import derived_generator
+
+    tr = DistillTrainer(tiny(tmp_path, "run.seed=7"))
+    ref = derived_generator(7, 3, "critic/noise", 0, namespace="flowrl.distill")
+    assert torch.equal(torch.randn(4, generator=tr.generator(3, "critic/noise")), torch.randn(4, generator=ref))
+    ref = derived_generator(7, 3, "generator/exit", "shared", namespace="flowrl.distill")
+    assert torch.equal(torch.randn(4, generator=tr.shared_generator(3, "generator/exit")),
+                       torch.randn(4, generator=ref))
