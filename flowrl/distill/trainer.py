@@ -41,6 +41,8 @@ class _Processes:
 
 
 class DistillTrainer:
+    """The distillation loop for ``cfg``; what it builds and updates follows ``self.method``'s capabilities."""
+
     def __init__(self, cfg: DistillConfig, roles: Roles | None = None, accelerator=None):
         from accelerate import Accelerator
 

@@ -39,4 +39,4 @@ def test_dmd_moves_student_marginals_towards_teacher(tmp_path):
     before = std_gap()
     tr.fit(300)
     after = std_gap()
-    assert after < 0.8 * before, (before, after)    # observed 0.280 → 0.167
+    assert after < 0.8 * before, (before, after)    # observed 0.280 → 0.182
