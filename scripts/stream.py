@@ -14,7 +14,7 @@ import sys
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
-    ap.add_argument("--prompt", default=None, help="default: the recipe's first prompt")
+    ap.add_argument("--prompt", default=None, help="default: the first data.train prompt")
     ap.add_argument("--out", default="stream.mp4")
     ap.add_argument("--checkpoint", default="", help="run dir or checkpoint dir with distilled weights")
     ap.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint")
@@ -31,19 +31,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from flowrl.distill.config import load_config
+    from flowrl.distill.config import load_config, prompt_list
     from flowrl.distill.roles import build_roles
     from flowrl.distill.sample import load_student_weights, write_stream
 
     cfg = load_config(args.config, args.overrides)
-    roles = build_roles(cfg.model).to("cuda" if torch.cuda.is_available() else "cpu")
+    roles = build_roles(cfg.model, critic=False).to("cuda" if torch.cuda.is_available() else "cpu")
     if args.checkpoint:
         load_student_weights(roles.student, args.checkpoint, ema=args.ema)
     if args.original:
         from flowrl.distill.components import original_wan_state_dict
 
         roles.student.transformer.load_state_dict(original_wan_state_dict(args.original, args.original_key))
-    prompt = args.prompt or cfg.prompt_list()[0]
+    prompt = args.prompt or prompt_list(cfg.data.train)[0]
 
     def on_chunk(chunk):
         print(json.dumps({"chunk": chunk.index, "frames": int(chunk.frames.shape[1]),

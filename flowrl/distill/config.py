@@ -1,5 +1,11 @@
 """The distillation run config (YAML recipes in ``configs/distill/``), loaded strictly by ``flowrl.config.loader``.
 
+Sections shared with the RL run schema (``flowrl.config.schema``, same dataclasses, same meaning): ``run`` (name,
+output dir, seed, resume/restart, precision, cpu, threads), ``data`` (prompt sources, negative prompt),
+``checkpoint`` (every, keep) and ``log``. Distillation's own: ``model`` (the three roles), ``rollout``, ``dmd``,
+``train`` (two optimisers, critic:generator ratio, EMA start) and ``method``, a tagged section resolved through
+``flowrl.distill.methods.METHODS`` (``{kind: rmd, chunk_stage_iterations: 900, ...}``).
+
 Defaults are Self-Forcing's published DMD recipe (``guandeh17/Self-Forcing`` ``configs/self_forcing_dmd.yaml`` +
 ``default_config.yaml``) except where a section says otherwise; the tiny CPU recipe overrides sizes only.
 """
@@ -7,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
-from flowrl.config.loader import load_yaml
-from flowrl.distill import ode_init, rmd, stream_r1
+from flowrl.config.loader import load_yaml, nested_plugin
+from flowrl.config.schema import CheckpointSection, DataSection, LogSection, RunSection
+from flowrl.config.validate import check_range
 from flowrl.distill.dmd import DMDConfig
 
-METHODS = ("dmd", "stream_r1", "rmd", "ode_init")
+METHODS = "flowrl.distill.methods:METHODS"
 
 WAN_NEGATIVE_PROMPT = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，"
                        "静止，整体发灰，最差质量，低质量，"
@@ -52,12 +60,24 @@ class RolloutConfig:
     steps: str = "self_forcing"  # preset in flowrl.distill.schedule.PRESETS
     same_exit_across_chunks: bool = True
     last_step_only: bool = False
-    renoise: str = "sde"         # "sde" | "ode"
+    renoise: Literal["sde", "ode"] = "sde"   # fresh ε (Self-Forcing) | the predicted ε̂
     context_noise: float = 0.0
 
 
 @dataclass
-class OptimConfig:
+class DistillData(DataSection):
+    """The run schema's ``data`` section; only the negative prompt's default differs (Wan2.1's own)."""
+
+    negative_prompt: str = WAN_NEGATIVE_PROMPT
+
+
+@dataclass
+class TrainConfig:
+    """Two AdamW optimisers (generator, critic), the critic:generator update ratio and the generator EMA. The
+    RL ``train`` section's group/micro-batch/epoch fields have no meaning here, so this is its own dataclass."""
+
+    iterations: int = 600
+    batch_size: int = 1                   # videos per process per update
     lr_generator: float = 2e-6
     lr_critic: float = 4e-7
     betas_generator: tuple[float, float] = (0.0, 0.999)
@@ -68,47 +88,33 @@ class OptimConfig:
     ema_decay: float = 0.99
     ema_start_step: int = 200
 
+    def __post_init__(self):
+        for name in ("iterations", "batch_size", "critic_steps_per_generator"):
+            check_range(f"train.{name}", getattr(self, name), ge=1)
+
 
 @dataclass
 class DistillConfig:
-    method: str = "dmd"
+    run: RunSection = field(default_factory=RunSection)
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: DistillData = field(default_factory=DistillData)
+    method: Any = nested_plugin(METHODS, "dmd")   # tagged: the method and its own settings
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     dmd: DMDConfig = field(default_factory=DMDConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    stream_r1: stream_r1.Config = field(default_factory=stream_r1.Config)
-    rmd: rmd.Config = field(default_factory=rmd.Config)
-    ode_init: ode_init.Config = field(default_factory=ode_init.Config)
-    prompts: list[str] = field(default_factory=lambda: ["a red fox running through snow"])
-    prompt_file: str = ""        # one prompt a line; overrides ``prompts``
-    negative_prompt: str = WAN_NEGATIVE_PROMPT
-    batch_size: int = 1
-    iterations: int = 600
-    seed: int = 0
-    output_dir: str = "runs/distill"
-    save_every: int = 100
-    keep_last: int = 3
-    log_every: int = 1
-    mixed_precision: str | bool = "no"  # accelerate: "no" | "bf16" | "fp16" (YAML's bare `no` reads as false)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
 
-    def __post_init__(self):
-        if self.mixed_precision is False:
-            self.mixed_precision = "no"
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
-            raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.optim.critic_steps_per_generator < 1:
-            raise ValueError("optim.critic_steps_per_generator must be >= 1")
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
 
-    def prompt_list(self) -> list[str]:
-        if self.prompt_file:
-            lines = [s.strip() for s in Path(self.prompt_file).read_text().splitlines()]
-            prompts = [s for s in lines if s]
-            if not prompts:
-                raise ValueError(f"prompt_file {self.prompt_file!r} holds no prompts")
-            return prompts
-        return list(self.prompts)
+
+def prompt_list(source: str) -> list[str]:
+    """The prompts of a ``data.train`` / ``data.eval`` source (``flowrl.data.prompts.load_prompts``), in order."""
+    from flowrl.data.prompts import load_prompts
+
+    return [p for p, _ in load_prompts(source).fixed(None)]
 
 
 def load_config(path: str | None, overrides: list[str] | None = None) -> DistillConfig:

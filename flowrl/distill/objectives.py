@@ -1,9 +1,10 @@
-"""Generator and critic losses of each distillation method on one self-forcing rollout.
+"""The loss pieces the distillation methods (``flowrl.distill.methods``) are made of, on one rollout.
 
-dmd        Self-Forcing DMD (``model/dmd.py``)
-stream_r1  DMD × exp(β·r_final) × W_intra (Stream-R1)
-rmd        stage 1: chunk-marginal DMD against a chunk teacher; stage 2: video-level DMD (RMD)
-ode_init   regression onto teacher ODE trajectories (CausVid), no critic
+dmd_loss        Self-Forcing DMD ½‖x − sg(x − g)‖², optionally weighted (Self-Forcing ``model/dmd.py``)
+stream_r1_weight  exp(β·r_final) × W_intra (Stream-R1, arXiv 2605.03849)
+rmd_chunk_*     stage 1 of RMD: chunk-marginal DMD against a chunk teacher (``cjeen/RMD``)
+ode_init_loss   regression onto teacher ODE trajectories (CausVid)
+critic_loss     the critic's flow-matching loss on detached student samples
 """
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from torch import Tensor
 
 from flowrl.distill import ode_init, rmd, stream_r1
 from flowrl.distill.components import decode_video
-from flowrl.distill.dmd import critic_flow_loss, generator_dmd_loss
+from flowrl.distill.dmd import DMDConfig, critic_flow_loss, generator_dmd_loss
 from flowrl.distill.roles import Roles, bidirectional_score
-from flowrl.distill.rollout import RolloutResult
 
 
 @dataclasses.dataclass
@@ -28,9 +28,9 @@ class Batch:
     text_neg: Tensor | None
 
 
-def _rmd_inputs(x: Tensor, batch: Batch, cfg) -> tuple[Tensor, Batch]:
-    n = x.shape[2] // cfg.rmd.score_chunk_frames
-    xs = rmd.split_chunks(x, cfg.rmd.score_chunk_frames)
+def _rmd_inputs(x: Tensor, batch: Batch, rcfg: rmd.Config) -> tuple[Tensor, Batch]:
+    n = x.shape[2] // rcfg.score_chunk_frames
+    xs = rmd.split_chunks(x, rcfg.score_chunk_frames)
 
     def rep(t: Tensor | None) -> Tensor | None:
         return None if t is None else t.repeat_interleave(n, dim=0)
@@ -38,23 +38,14 @@ def _rmd_inputs(x: Tensor, batch: Batch, cfg) -> tuple[Tensor, Batch]:
     return xs, Batch([p for p in batch.prompts for _ in range(n)], rep(batch.text), rep(batch.text_neg))
 
 
-def generator_loss(method: str, step: int, roles: Roles, rollout: RolloutResult, batch: Batch, cfg,
-                   gen: torch.Generator, extras: dict) -> tuple[Tensor, dict]:
-    """The generator loss for ``method`` on a rollout whose video carries grad; returns (loss, metrics)."""
-    x = rollout.video
+def dmd_loss(x: Tensor, roles: Roles, batch: Batch, dcfg: DMDConfig, gen: torch.Generator,
+             weight: Tensor | None = None, metrics: dict | None = None) -> tuple[Tensor, dict]:
+    """The (weighted) DMD generator loss on a video ``x`` carrying grad, teacher vs critic; (loss, metrics)."""
     critic = bidirectional_score(roles.critic)
-    if method == "rmd" and cfg.rmd.replay:
-        x = rmd.replay_forward(roles.student, rollout, batch.text)
-    if method == "rmd" and rmd.stage(step, cfg.rmd) == "chunk":
-        return rmd_chunk_loss(x, roles, batch, cfg, gen)
     teacher = bidirectional_score(roles.teacher)
-    weight, metrics = None, {}
-    if method == "stream_r1":
-        weight, metrics = stream_r1_weight(x, roles, batch, cfg.stream_r1, extras)
-    loss, sc = generator_dmd_loss(x, batch.text, batch.text_neg, teacher, critic, cfg.dmd, weight, gen)
+    loss, sc = generator_dmd_loss(x, batch.text, batch.text_neg, teacher, critic, dcfg, weight, gen)
+    metrics = dict(metrics or {})
     metrics.update({"loss/generator": loss, "dmd/grad_abs": sc.grad.abs().mean()})
-    if method == "rmd":
-        metrics["rmd/chunk_stage"] = 0.0
     return loss, metrics
 
 
@@ -72,14 +63,15 @@ def _first_rest(xs: Tensor, cb: Batch, batch_size: int) -> tuple[tuple, tuple]:
     return pick(first), pick(rest)
 
 
-def rmd_chunk_loss(x: Tensor, roles: Roles, batch: Batch, cfg, gen: torch.Generator) -> tuple[Tensor, dict]:
+def rmd_chunk_loss(x: Tensor, roles: Roles, batch: Batch, rcfg: rmd.Config, dmd_cfg: DMDConfig,
+                   gen: torch.Generator) -> tuple[Tensor, dict]:
     """RMD stage 1: every score chunk against the chunk teacher and critic; with ``first_chunk_weight`` the
     first chunk goes to the base teacher and its own critic and the two losses are combined."""
-    xs, cb = _rmd_inputs(x, batch, cfg)
-    dcfg = dataclasses.replace(cfg.dmd, guidance_scale=cfg.rmd.chunk_guidance_scale)
+    xs, cb = _rmd_inputs(x, batch, rcfg)
+    dcfg = dataclasses.replace(dmd_cfg, guidance_scale=rcfg.chunk_guidance_scale)
     chunk_teacher = bidirectional_score(roles.chunk_teacher or roles.teacher)
     critic = bidirectional_score(roles.critic)
-    w = cfg.rmd.first_chunk_weight
+    w = rcfg.first_chunk_weight
     if w is None or xs.shape[0] == x.shape[0]:
         loss, sc = generator_dmd_loss(xs, cb.text, cb.text_neg, chunk_teacher, critic, dcfg, generator=gen)
         return loss, {"loss/generator": loss, "rmd/chunk_stage": 1.0, "dmd/grad_abs": sc.grad.abs().mean()}
@@ -93,19 +85,22 @@ def rmd_chunk_loss(x: Tensor, roles: Roles, batch: Batch, cfg, gen: torch.Genera
                   "rmd/loss_rest": l_rest, "dmd/grad_abs": sc.grad.abs().mean()}
 
 
-def critic_loss(method: str, step: int, roles: Roles, video: Tensor, batch: Batch, cfg,
-                gen: torch.Generator) -> Tensor:
-    """Flow-matching loss of the critic on detached student samples (chunks in RMD stage 1; with a first-chunk
-    critic, the sum of both critics' losses — their parameters are disjoint)."""
+def critic_loss(video: Tensor, roles: Roles, batch: Batch, dcfg: DMDConfig, gen: torch.Generator) -> Tensor:
+    """Flow-matching loss of the critic on detached student samples."""
+    return critic_flow_loss(video, batch.text, bidirectional_score(roles.critic), dcfg, gen)
+
+
+def rmd_chunk_critic_loss(video: Tensor, roles: Roles, batch: Batch, rcfg: rmd.Config, dcfg: DMDConfig,
+                          gen: torch.Generator) -> Tensor:
+    """The critic loss on RMD's score chunks (with a first-chunk critic, the sum of both critics' losses —
+    their parameters are disjoint)."""
     critic = bidirectional_score(roles.critic)
-    if method == "rmd" and rmd.stage(step, cfg.rmd) == "chunk":
-        xs, cb = _rmd_inputs(video.detach(), batch, cfg)
-        if cfg.rmd.first_chunk_weight is None or xs.shape[0] == video.shape[0]:
-            return critic_flow_loss(xs, cb.text, critic, cfg.dmd, gen)
-        (x1, b1), (xr, br) = _first_rest(xs, cb, video.shape[0])
-        return (critic_flow_loss(xr, br.text, critic, cfg.dmd, gen)
-                + critic_flow_loss(x1, b1.text, bidirectional_score(roles.first_critic), cfg.dmd, gen))
-    return critic_flow_loss(video, batch.text, critic, cfg.dmd, gen)
+    xs, cb = _rmd_inputs(video.detach(), batch, rcfg)
+    if rcfg.first_chunk_weight is None or xs.shape[0] == video.shape[0]:
+        return critic_flow_loss(xs, cb.text, critic, dcfg, gen)
+    (x1, b1), (xr, br) = _first_rest(xs, cb, video.shape[0])
+    return (critic_flow_loss(xr, br.text, critic, dcfg, gen)
+            + critic_flow_loss(x1, b1.text, bidirectional_score(roles.first_critic), dcfg, gen))
 
 
 def stream_r1_weight(x: Tensor, roles: Roles, batch: Batch, scfg: stream_r1.Config, extras: dict
@@ -138,9 +133,9 @@ def stream_r1_weight(x: Tensor, roles: Roles, batch: Batch, scfg: stream_r1.Conf
     return weight, metrics
 
 
-def ode_init_loss(roles: Roles, noise: Tensor, batch: Batch, cfg, timesteps: Tensor,
+def ode_init_loss(roles: Roles, noise: Tensor, batch: Batch, ocfg: ode_init.Config, timesteps: Tensor,
                   gen: torch.Generator) -> Tensor:
     """Teacher ODE trajectory from ``noise`` (no grad), then the student's block-wise regression loss."""
     lat, ts = ode_init.teacher_trajectory(bidirectional_score(roles.teacher), noise, batch.text, batch.text_neg,
-                                          cfg.ode_init, timesteps)
+                                          ocfg, timesteps)
     return ode_init.ode_regression_loss(roles.student, lat, ts, batch.text, gen)

@@ -28,7 +28,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Roles:
     student: CausalWan
     teacher: CausalWan
-    critic: CausalWan
+    critic: CausalWan | None                  # None for a method that trains no critic (ODE init)
     text_encoder: nn.Module
     vae: nn.Module
     chunk_teacher: CausalWan | None = None
@@ -78,12 +78,12 @@ class PolicyText(nn.Module):
         return self.policy.encode(list(prompts), cfg=False).embeds["prompt_embeds"].float()
 
 
-def roles_from_policy(policy, mc, first_critic: bool = False) -> Roles:
+def roles_from_policy(policy, mc, first_critic: bool = False, critic: bool = True) -> Roles:
     """Teacher = the policy's transformer (frozen); student and critic = float32 copies of it, made causal;
     text encoder and VAE = the policy's."""
     tr = policy.transformer
     student = _wrap(copy.deepcopy(tr).float(), mc)
-    critic = _wrap(copy.deepcopy(tr).float(), mc)
+    critic = _wrap(copy.deepcopy(tr).float(), mc) if critic else None
     first = _wrap(copy.deepcopy(tr).float(), mc) if first_critic else None
     return Roles(student, _wrap(tr, mc), critic, PolicyText(policy), policy.vae, first_critic=first)
 
@@ -98,16 +98,16 @@ def _policy(mc):
     return WanPolicy.from_pretrained(mc.policy, dtype=_dtype(mc.dtype), device=device, config=cfg)
 
 
-def build_roles(mc, chunk_teacher_path: str = "", first_critic: bool = False) -> Roles:
+def build_roles(mc, chunk_teacher_path: str = "", first_critic: bool = False, critic: bool = True) -> Roles:
     """Build every role from a ``ModelConfig`` (a WanPolicy, tiny offline models, or diffusers checkpoints);
-    ``first_critic`` adds RMD's first-chunk critic (initialised like the critic)."""
+    ``first_critic`` adds RMD's first-chunk critic (initialised like the critic); ``critic=False`` builds none."""
     if mc.policy:
-        return _finish(roles_from_policy(_policy(mc), mc, first_critic), mc, chunk_teacher_path)
+        return _finish(roles_from_policy(_policy(mc), mc, first_critic, critic), mc, chunk_teacher_path)
     first = None
     if mc.tiny and not mc.teacher:
         teacher_tr = tiny_wan(0)
         student = _wrap(copy.deepcopy(teacher_tr), mc)
-        critic = _wrap(copy.deepcopy(teacher_tr), mc)
+        critic = _wrap(copy.deepcopy(teacher_tr), mc) if critic else None
         first = _wrap(copy.deepcopy(teacher_tr), mc) if first_critic else None
         teacher = _wrap(teacher_tr, mc)
     else:
@@ -115,7 +115,7 @@ def build_roles(mc, chunk_teacher_path: str = "", first_critic: bool = False) ->
             raise ValueError("model.teacher is empty: give a diffusers Wan checkpoint dir (or set model.tiny: true)")
         teacher = _load(mc.teacher, mc)
         student = _load(mc.student_init or mc.teacher, mc, trainable=True)
-        critic = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True)
+        critic = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True) if critic else None
         if first_critic:
             first = _load(mc.critic_init or mc.student_init or mc.teacher, mc, trainable=True)
     text_dim = teacher.transformer.config.text_dim

@@ -2,12 +2,12 @@
 
 Self-Forcing ``trainer/distillation.py::train``: at each iteration the generator is updated
 when ``step % dfake_gen_update_ratio == 0`` (default 5), then the critic once; separate AdamW optimisers
-(β₁ = 0), gradient clipping at 10, EMA of the generator (0.99 from step 200). Every random draw comes from a
-generator seeded by (seed, step, role, rank), so a resumed run repeats the uninterrupted one exactly.
+(β₁ = 0), gradient clipping at 10, EMA of the generator (0.99 from step 200). Every random draw comes from the
+project's one derivation ``samplers.rng.derived_generator(run.seed, step, role, rank)`` (namespace
+``flowrl.distill``), so a resumed run repeats the uninterrupted one exactly.
 """
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,85 +21,81 @@ from flowrl.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from flowrl.distill import objectives, rmd
-from flowrl.distill.config import DistillConfig
+from flowrl.distill.config import DistillConfig, prompt_list
+from flowrl.distill.methods import METHODS
 from flowrl.distill.objectives import Batch
 from flowrl.distill.roles import Roles, build_roles
 from flowrl.distill.rollout import self_forcing_rollout
 from flowrl.distill.schedule import denoising_timesteps
-from flowrl.distill.stream_r1 import AxisBalance
 from flowrl.policies.ema import EMA
+from samplers.rng import derived_generator
+
+NAMESPACE = "flowrl.distill"   # of every draw's seed: samplers.rng.derived_seed(seed, step, role, rank)
 
 
-def load_reward_fns(axes: dict[str, str], axis_kwargs: dict[str, dict], device) -> list:
-    """Reward callables by registry name (``rewards.REWARDS``), set up on ``device``; raw (grad-capable)."""
-    from rewards import REWARDS
-    from rewards.build import instantiate
+class _Processes:
+    """accelerate's process facts under the names ``flowrl.checkpoint.resume.prepare_fresh_run`` reads."""
 
-    fns = []
-    for axis, name in axes.items():
-        fn = instantiate(REWARDS.get(name), dict(axis_kwargs.get(axis, {})), name)
-        if callable(getattr(fn, "setup", None)):
-            fn.setup(torch.device(device), torch.float32)
-        fns.append(fn)
-    return fns
+    def __init__(self, acc):
+        self.is_main, self.print, self.barrier = acc.is_main_process, acc.print, acc.wait_for_everyone
 
 
 class DistillTrainer:
+    """The distillation loop for ``cfg``; what it builds and updates follows ``self.method``'s capabilities."""
+
     def __init__(self, cfg: DistillConfig, roles: Roles | None = None, accelerator=None):
         from accelerate import Accelerator
 
         self.cfg = cfg
-        self.acc = accelerator or Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+        rc = cfg.run
+        if rc.threads is not None:
+            torch.set_num_threads(rc.threads)
+        self.acc = accelerator or Accelerator(mixed_precision=rc.mixed_precision,
+                                              cpu=rc.cpu or not torch.cuda.is_available())
         self.device = self.acc.device
-        is_rmd = cfg.method == "rmd"
-        self.roles = (roles or build_roles(cfg.model, cfg.rmd.chunk_teacher if is_rmd else "",
-                                           first_critic=is_rmd and cfg.rmd.first_chunk_weight is not None)
-                      ).to(self.device)
-        oc = cfg.optim
+        self.method = m = METHODS.get(cfg.method.kind)(cfg.method.config)
+        self.roles = (roles or build_roles(cfg.model, m.chunk_teacher, first_critic=m.first_critic,
+                                           critic=m.trains_critic)).to(self.device)
+        tc = cfg.train
         self.g_params = [p for p in self.roles.student.parameters() if p.requires_grad]
-        critics = [self.roles.critic] + ([self.roles.first_critic] if self.roles.first_critic is not None else [])
+        critics = [c for c in (self.roles.critic, self.roles.first_critic) if c is not None]
         self.c_params = [p for c in critics for p in c.parameters() if p.requires_grad]
-        self.opt_g = torch.optim.AdamW(self.g_params, lr=oc.lr_generator, betas=oc.betas_generator,
-                                       weight_decay=oc.weight_decay)
-        self.opt_c = torch.optim.AdamW(self.c_params, lr=oc.lr_critic, betas=oc.betas_critic,
-                                       weight_decay=oc.weight_decay)
-        self.ema = EMA(self.g_params, decay=oc.ema_decay, update_interval=1, warmup=False)
+        self.opt_g = torch.optim.AdamW(self.g_params, lr=tc.lr_generator, betas=tc.betas_generator,
+                                       weight_decay=tc.weight_decay)
+        self.opt_c = torch.optim.AdamW(self.c_params, lr=tc.lr_critic, betas=tc.betas_critic,
+                                       weight_decay=tc.weight_decay) if m.trains_critic else None
+        self.ema = EMA(self.g_params, decay=tc.ema_decay, update_interval=1, warmup=False)
         self.timesteps = denoising_timesteps(cfg.rollout.steps)
-        self.prompts = cfg.prompt_list()
+        self.prompts = prompt_list(cfg.data.train)
         self.step = 0
-        self.extras: dict = {}
-        if cfg.method == "stream_r1":
-            s = cfg.stream_r1
-            self.extras = {"reward_fns": load_reward_fns(s.axes, s.axis_kwargs, self.device),
-                           "balance": AxisBalance(len(s.axes), s.balance_window, s.balance_lambda)}
+        if m.needs_rewards:
+            m.setup(self.device)
         self._neg_cache: Tensor | None = None
 
     # ------------------------------------------------------------------ randomness and data
     def generator(self, step: int, role: str) -> torch.Generator:
-        key = f"{self.cfg.seed}/{step}/{role}/{self.acc.process_index}".encode()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        """This rank's stream for (step, role): ``derived_generator(seed, step, role, rank)``."""
+        return derived_generator(self.cfg.run.seed, step, role, self.acc.process_index, namespace=NAMESPACE)
 
     def shared_generator(self, step: int, role: str) -> torch.Generator:
         """Same stream on every rank (e.g. the exit step, broadcast from rank 0 in Self-Forcing)."""
-        key = f"{self.cfg.seed}/{step}/{role}/shared".encode()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        return derived_generator(self.cfg.run.seed, step, role, "shared", namespace=NAMESPACE)
 
     def batch(self, step: int, role: str) -> Batch:
-        b, n = self.cfg.batch_size, len(self.prompts)
+        b, n = self.cfg.train.batch_size, len(self.prompts)
         offset = (step * 2 + (role == "critic")) * b * self.acc.num_processes + self.acc.process_index * b
         prompts = [self.prompts[(offset + i) % n] for i in range(b)]
         enc = self.roles.text_encoder
         with torch.no_grad():
             text = enc(prompts).to(self.device)
             if self._neg_cache is None:
-                self._neg_cache = enc([self.cfg.negative_prompt]).to(self.device)
+                self._neg_cache = enc([self.cfg.data.negative_prompt]).to(self.device)
         neg = self._neg_cache.expand(b, -1, -1) if self.cfg.dmd.guidance_scale != 0 else None
         return Batch(prompts, text, neg)
 
     def noise(self, gen: torch.Generator) -> Tensor:
         r = self.cfg.rollout
-        shape = (self.cfg.batch_size, self.roles.student.transformer.config.in_channels, r.num_frames,
+        shape = (self.cfg.train.batch_size, self.roles.student.transformer.config.in_channels, r.num_frames,
                  r.height, r.width)
         return torch.randn(shape, generator=gen).to(self.device)
 
@@ -118,24 +114,21 @@ class DistillTrainer:
             for p in params:
                 if p.grad is not None:
                     p.grad = self.acc.reduce(p.grad, reduction="mean")
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
         opt.step()
         return norm
 
     def generator_step(self, step: int) -> dict:
-        cfg, m = self.cfg, self.cfg.method
+        cfg, m = self.cfg, self.method
         batch = self.batch(step, "generator")
         gen = self.generator(step, "generator/score")
-        if m == "ode_init":
-            loss = objectives.ode_init_loss(self.roles, self.noise(self.generator(step, "generator/noise")), batch,
-                                            cfg, self.timesteps, gen)
-            metrics = {"loss/generator": loss}
+        if m.uses_rollout:
+            inputs = self.rollout(step, "generator", m.rollout_grad)
         else:
-            grad_in_rollout = not (m == "rmd" and cfg.rmd.replay)
-            ro = self.rollout(step, "generator", grad_in_rollout)
-            loss, metrics = objectives.generator_loss(m, step, self.roles, ro, batch, cfg, gen, self.extras)
+            inputs = self.noise(self.generator(step, "generator/noise"))
+        loss, metrics = m.generator_loss(step, self.roles, inputs, batch, cfg, gen, self.timesteps)
         metrics["grad_norm/generator"] = self._apply(loss, self.g_params, self.opt_g)
-        if step >= cfg.optim.ema_start_step:
+        if step >= cfg.train.ema_start_step:
             self.ema.update(step)
         else:  # Self-Forcing starts the EMA at ema_start_step from the live weights
             for s, p in zip(self.ema.shadow, self.g_params):
@@ -145,76 +138,107 @@ class DistillTrainer:
     def critic_step(self, step: int) -> dict:
         with torch.no_grad():
             ro = self.rollout(step, "critic", grad=False)
-        loss = objectives.critic_loss(self.cfg.method, step, self.roles, ro.video, self.batch(step, "critic"),
-                                      self.cfg, self.generator(step, "critic/score"))
+        loss = self.method.critic_loss(step, self.roles, ro.video, self.batch(step, "critic"), self.cfg,
+                                       self.generator(step, "critic/score"))
         return {"loss/critic": loss, "grad_norm/critic": self._apply(loss, self.c_params, self.opt_c)}
 
     def _schedule(self, step: int) -> int:
-        """Set this step's learning rates (RMD switches them at stage 2); returns critic steps per generator."""
-        oc = self.cfg.optim
-        lr_g, lr_c, ratio = oc.lr_generator, oc.lr_critic, oc.critic_steps_per_generator
-        if self.cfg.method == "rmd":
-            lr_g, lr_c, ratio = rmd.stage_settings(step, self.cfg.rmd, lr_g, lr_c, ratio)
+        """Set this step's learning rates (the method's schedule, e.g. RMD's stage 2); returns critic steps per
+        generator step."""
+        tc = self.cfg.train
+        lr_g, lr_c, ratio = self.method.schedule(step, tc.lr_generator, tc.lr_critic, tc.critic_steps_per_generator)
         for opt, lr in ((self.opt_g, lr_g), (self.opt_c, lr_c)):
-            for group in opt.param_groups:
+            for group in opt.param_groups if opt is not None else ():
                 group["lr"] = lr
         return ratio
 
     def train_step(self, step: int) -> dict:
+        """Generator every ``ratio``-th step (every step without a critic), then the critic (if any)."""
         metrics: dict = {}
         ratio = self._schedule(step)
+        trains_critic = self.method.trains_critic
         with self.acc.autocast():
-            if step % ratio == 0 or self.cfg.method == "ode_init":
+            if not trains_critic or step % ratio == 0:
                 metrics.update(self.generator_step(step))
-            if self.cfg.method != "ode_init":
+            if trains_critic:
                 metrics.update(self.critic_step(step))
         return {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ checkpoints
+    def _trained(self) -> dict:
+        """Trainable role name → its CausalWan (the critics only where the method has them)."""
+        r = self.roles
+        return {k: v for k, v in (("student", r.student), ("critic", r.critic), ("first_critic", r.first_critic))
+                if v is not None}
+
     def save(self, step: int) -> Path:
-        """Atomic checkpoint: student, critic, EMA weights + optimiser/balance/RNG state."""
+        """Atomic checkpoint: student, critic(s), EMA weights + optimiser/method/RNG state."""
         ema = {f"{i}": s for i, s in enumerate(self.ema.shadow)}
-        state = {"step": step, "opt_g": self.opt_g.state_dict(), "opt_c": self.opt_c.state_dict(),
-                 "ema_num_updates": self.ema.num_updates, "rng": capture_rng_state()}
-        if "balance" in self.extras:
-            state["balance"] = self.extras["balance"].state_dict()
-        tensors = {"student": self.roles.student.transformer.state_dict(),
-                   "critic": self.roles.critic.transformer.state_dict(), "ema": ema}
-        if self.roles.first_critic is not None:
-            tensors["first_critic"] = self.roles.first_critic.transformer.state_dict()
-        return save_checkpoint(self.cfg.output_dir, step, tensors, state, keep_last=self.cfg.keep_last)
+        state = {"step": step, "opt_g": self.opt_g.state_dict(), "ema_num_updates": self.ema.num_updates,
+                 "method": self.method.state_dict(), "rng": capture_rng_state()}
+        if self.opt_c is not None:
+            state["opt_c"] = self.opt_c.state_dict()
+        tensors = {k: m.transformer.state_dict() for k, m in self._trained().items()}
+        tensors["ema"] = ema
+        return save_checkpoint(self.cfg.run_dir, step, tensors, state, keep_last=self.cfg.checkpoint.keep)
 
     def resume(self, path: str | Path | None = None) -> int:
         """Load the latest (or given) checkpoint; returns the step to continue from (0 when none)."""
-        p = path or latest_checkpoint(self.cfg.output_dir)
+        p = path or latest_checkpoint(self.cfg.run_dir)
         if p is None:
             return 0
         tensors, state = load_checkpoint(p, map_location=self.device)
-        self.roles.student.transformer.load_state_dict(tensors["student"])
-        self.roles.critic.transformer.load_state_dict(tensors["critic"])
-        if self.roles.first_critic is not None:
-            self.roles.first_critic.transformer.load_state_dict(tensors["first_critic"])
+        for k, m in self._trained().items():
+            m.transformer.load_state_dict(tensors[k])
         for i, s in enumerate(self.ema.shadow):
             s.copy_(tensors["ema"][str(i)])
         self.ema.num_updates = int(state["ema_num_updates"])
         self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_c.load_state_dict(state["opt_c"])
-        if "balance" in state:
-            self.extras["balance"].load_state_dict(state["balance"])
+        if self.opt_c is not None:
+            self.opt_c.load_state_dict(state["opt_c"])
+        self.method.load_state_dict(state["method"])
         restore_rng_state(state["rng"])
         self.step = int(state["step"]) + 1
         return self.step
 
+    def open_run_dir(self) -> int:
+        """The run section's rule (as in the RL trainer): ``run.resume`` continues from the newest checkpoint
+        (step 0 when there is none); otherwise a run dir holding checkpoints is refused unless ``run.restart``,
+        which deletes them. Returns the step to start from."""
+        from flowrl.checkpoint.resume import prepare_fresh_run
+
+        if self.cfg.run.resume:
+            return self.resume()
+        prepare_fresh_run(self.cfg.run_dir, self.cfg.run.restart, _Processes(self.acc))
+        return 0
+
+    def logger(self, resume_step: int | None = None):
+        """``metrics.jsonl`` (+ TensorBoard, wandb per the ``log`` section) in the run dir."""
+        from flowrl.config.loader import to_dict
+        from flowrl.training.metrics_log import MetricsLogger
+
+        lc = self.cfg.log
+        return MetricsLogger(self.cfg.run_dir, self.acc.is_main_process, tensorboard=lc.tensorboard,
+                             wandb=lc.wandb, wandb_project=lc.project, run_name=self.cfg.run.name,
+                             config=to_dict(self.cfg), resume_step=resume_step)
+
     def fit(self, iterations: int | None = None, logger=None) -> list[dict]:
-        """Run from ``self.step`` to ``iterations`` (default cfg.iterations); checkpoints every save_every."""
-        end = self.cfg.iterations if iterations is None else iterations
+        """Run from ``self.step`` to ``iterations`` (default train.iterations); a checkpoint every
+        ``checkpoint.every`` steps (0: only at the end) and at the end."""
+        from tqdm.auto import tqdm
+
+        end = self.cfg.train.iterations if iterations is None else iterations
+        every, log_every = self.cfg.checkpoint.every, self.cfg.log.every
         history = []
-        for step in range(self.step, end):
+        bar = range(self.step, end)
+        if self.cfg.log.progress and self.acc.is_main_process:
+            bar = tqdm(bar, desc="distill", initial=self.step, total=end)
+        for step in bar:
             metrics = self.train_step(step)
             history.append(metrics)
-            if logger is not None and step % self.cfg.log_every == 0:
+            if logger is not None and step % log_every == 0:
                 logger.log(metrics, step)
-            if self.acc.is_main_process and ((step + 1) % self.cfg.save_every == 0 or step == end - 1):
+            if self.acc.is_main_process and ((every and (step + 1) % every == 0) or step == end - 1):
                 self.save(step)
             self.step = step + 1
         return history

@@ -94,7 +94,8 @@ def test_every_field_of_the_recipe_is_read(recipe, tmp_path):
     assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"
 
 
-# ---- the streaming-distillation recipes (their own schema, flowrl.distill.config) --------------------------------
+# ---- the streaming-distillation recipes (flowrl.distill.config: the run schema's run/data/checkpoint/log sections
+# plus its own) -------------------------------------------------------------------------------------------------------
 DISTILL_RECIPES = sorted((REPO / "configs" / "distill").glob("*.yaml"))
 DISTILL_ALLOWED = {
     "model.student_init": "a checkpoint path: read when given (real runs); tiny and default runs init from the teacher",
@@ -102,17 +103,16 @@ DISTILL_ALLOWED = {
     "model.student_original_key": "read with model.student_original (an original-format .pt)",
     "model.dtype": "read by the real loaders; tiny models are built in float32",
     "model.text_len": "read by the real UMT5 text encoder; the tiny recipes use the offline hash encoder",
-    "log_every": "read by scripts/distill.py's logging loop (the test calls fit without a logger)",
-    "rmd.video_lr_generator": "RMD's second stage, after rmd.chunk_stage_iterations",
-    "rmd.video_lr_critic": "RMD's second stage, after rmd.chunk_stage_iterations",
-    "rmd.video_critic_steps_per_generator": "RMD's second stage, after rmd.chunk_stage_iterations",
+    "run.resume": "read by DistillTrainer.open_run_dir (scripts/distill.py); the test calls fit on a fresh trainer",
+    "run.restart": "read by DistillTrainer.open_run_dir (scripts/distill.py); the test calls fit on a fresh trainer",
+    "data.eval": "read by scripts/distill.py --grid (the eval video grid's prompts)",
+    "log.tensorboard": "read by DistillTrainer.logger (scripts/distill.py); the test calls fit without a logger",
+    "log.wandb": "read by DistillTrainer.logger (scripts/distill.py); the test calls fit without a logger",
+    "log.project": "read by DistillTrainer.logger when log.wandb is true",
+    "method.video_lr_generator": "RMD's second stage, after method.chunk_stage_iterations",
+    "method.video_lr_critic": "RMD's second stage, after method.chunk_stage_iterations",
+    "method.video_critic_steps_per_generator": "RMD's second stage, after method.chunk_stage_iterations",
 }
-DISTILL_SECTIONS = ("rmd.", "stream_r1.", "ode_init.")   # each read only when it is the recipe's method
-
-
-def distill_excused(field: str, cfg) -> bool:
-    own = f"{cfg.method}."
-    return field in DISTILL_ALLOWED or any(field.startswith(s) and s != own for s in DISTILL_SECTIONS)
 
 
 @pytest.mark.parametrize("recipe", DISTILL_RECIPES, ids=lambda p: p.name)
@@ -121,17 +121,21 @@ def test_every_field_of_the_distill_recipe_is_read(recipe, tmp_path):
     from flowrl.distill.trainer import DistillTrainer
     from flowrl.policies.tiny import save_preset
 
-    ov = [f"output_dir={tmp_path}", "save_every=1", "iterations=1"]
+    ov = [f"run.output_dir={tmp_path}", "run.name=run", "checkpoint.every=1", "train.iterations=1",
+          "log.progress=false"]
     if not recipe.name.startswith("tiny"):       # the published recipes, on a tiny diffusers Wan checkpoint
         save_preset("wan", tmp_path / "wan")
         roles = ("teacher", "student_init", "critic_init", "text_encoder", "vae")
+        prompts = REPO / "configs" / "distill" / "tiny_prompts.txt"
         ov += [f"model.{k}={tmp_path / 'wan'}" for k in roles]
         ov += ["rollout.num_frames=6", "rollout.height=4", "rollout.width=4", "model.text_len=16",
-               "model.dtype=float32", "mixed_precision=no", "prompts=[a fox]", "prompt_file=''",
-               "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0", "rmd.chunk_teacher=''",
-               "stream_r1.axes={visual: 'flowrl.distill.toy_rewards:colorfulness'}", "stream_r1.axis_kwargs={}"]
+               "model.dtype=float32", 'run.mixed_precision="no"', f"data.train={prompts}", f"data.eval={prompts}",
+               "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0"]
+        ov += {"rmd": ["method.chunk_teacher=''"],
+               "stream_r1": ["method.axes={visual: 'flowrl.distill.toy_rewards:colorfulness'}",
+                             "method.axis_kwargs={}"]}.get(load_distill(str(recipe)).method.kind, [])
     cfg = load_distill(str(recipe), ov)
     with tracking(cfg) as t:
         DistillTrainer(cfg).fit()
-    unread = {f for f in t.unread() if not distill_excused(f, cfg)}
+    unread = {f for f in t.unread() if f not in DISTILL_ALLOWED}
     assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"

@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_dmd_moves_student_marginals_towards_teacher(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a fox\n")
     cfg = load_config(str(REPO / "configs/distill/tiny.yaml"), [
-        f"output_dir={tmp_path}", "save_every=100000", "dmd.guidance_scale=0.0", "optim.lr_generator=3e-4",
-        "optim.lr_critic=3e-4", "prompts=[a fox]", "optim.ema_start_step=100000"])
+        f"run.output_dir={tmp_path}", "checkpoint.every=100000", "dmd.guidance_scale=0.0", "train.lr_generator=3e-4",
+        "train.lr_critic=3e-4", f"data.train={prompts}", "train.ema_start_step=100000", "log.progress=false"])
     tr = DistillTrainer(cfg)
     n = 32
     text = tr.roles.text_encoder(["a fox"]).expand(n, -1, -1)
@@ -37,4 +39,4 @@ def test_dmd_moves_student_marginals_towards_teacher(tmp_path):
     before = std_gap()
     tr.fit(300)
     after = std_gap()
-    assert after < 0.8 * before, (before, after)    # observed 0.280 → 0.167
+    assert after < 0.8 * before, (before, after)    # observed 0.280 → 0.182

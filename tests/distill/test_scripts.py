@@ -20,12 +20,13 @@ def test_distill_then_stream(tmp_path, capsys):
     run = tmp_path / "run"
     out = load_script("distill").main(["--config", str(REPO / "configs/distill/tiny.yaml"), "--iterations", "2",
                                        "--sample", str(tmp_path / "s.mp4"), "--grid", str(tmp_path / "g.gif"),
-                                       "--grid-prompts", "2", f"output_dir={run}", "save_every=1"])
+                                       "--grid-prompts", "2", f"run.output_dir={tmp_path}", "run.name=run",
+                                       "checkpoint.every=1", "log.progress=false"])
     assert out["end_step"] == 2 and (tmp_path / "s.mp4").stat().st_size > 0
     assert (tmp_path / "g.gif").stat().st_size > 0
     assert (run / "metrics.jsonl").read_text().count("\n") == 2
     again = load_script("distill").main(["--config", str(REPO / "configs/distill/tiny.yaml"), "--iterations", "3",
-                                         f"output_dir={run}"])
+                                         "--resume", f"run.output_dir={tmp_path}", "run.name=run"])
     assert again["start_step"] == 2 and again["end_step"] == 3          # resumed, one more iteration
     capsys.readouterr()
     summary = load_script("stream").main(["--config", str(REPO / "configs/distill/tiny.yaml"), "--checkpoint",
@@ -85,7 +86,7 @@ def test_roles_from_wan_policy_train_one_step(tmp_path):
     from flowrl.distill.trainer import DistillTrainer
 
     cfg = load_config(str(REPO / "configs/distill/tiny.yaml"),
-                      ["model.policy=tiny", "model.text_len=16", f"output_dir={tmp_path}", "save_every=100"])
+                      ["model.policy=tiny", "model.text_len=16", f"run.output_dir={tmp_path}", "checkpoint.every=100"])
     tr = DistillTrainer(cfg)
     assert tr.roles.text_encoder(["a fox"]).shape == (1, 16, 32)
     metrics = tr.train_step(0)
@@ -102,12 +103,16 @@ def test_published_recipes_run_through_real_loaders(tmp_path):
     ckpt = tmp_path / "wan"
     save_preset("wan", ckpt)
     paths = [f"model.{k}={ckpt}" for k in ("teacher", "student_init", "critic_init", "text_encoder", "vae")]
+    prompts = REPO / "configs/distill/tiny_prompts.txt"
     small = ["rollout.num_frames=6", "rollout.height=4", "rollout.width=4", "model.text_len=16",
-             "model.dtype=float32", "mixed_precision=no", "prompts=[a fox]", "prompt_file=''", "save_every=100",
-             "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0", "rmd.chunk_teacher=''",
-             "stream_r1.axes={visual: 'flowrl.distill.toy_rewards:colorfulness'}", "stream_r1.axis_kwargs={}"]
-    for recipe in ("wan2.1_1.3b_self_forcing.yaml", "wan2.1_1.3b_stream_r1.yaml", "wan2.1_1.3b_rmd.yaml"):
-        cfg = load_config(str(REPO / "configs/distill" / recipe), paths + small + [f"output_dir={tmp_path / recipe}"])
+             "model.dtype=float32", 'run.mixed_precision="no"', f"data.train={prompts}", f"data.eval={prompts}",
+             "checkpoint.every=100", "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0"]
+    own = {"wan2.1_1.3b_self_forcing.yaml": [], "wan2.1_1.3b_rmd.yaml": ["method.chunk_teacher=''"],
+           "wan2.1_1.3b_stream_r1.yaml": ["method.axes={visual: 'flowrl.distill.toy_rewards:colorfulness'}",
+                                          "method.axis_kwargs={}"]}
+    for recipe, extra in own.items():
+        cfg = load_config(str(REPO / "configs/distill" / recipe),
+                          paths + small + extra + [f"run.output_dir={tmp_path}", f"run.name={recipe}"])
         tr = DistillTrainer(cfg)
         assert isinstance(tr.roles.text_encoder, torch.nn.Module)
         assert tr.roles.vae.__class__.__name__ == "AutoencoderKLWan"

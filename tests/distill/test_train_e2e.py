@@ -1,10 +1,10 @@
 """End to end on the tiny Wan: self-forcing DMD, Stream-R1 and RMD iterate, checkpoint, resume exactly, stream MP4."""
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from flowrl.config.loader import replace_nested
 from flowrl.distill.config import load_config
 from flowrl.distill.trainer import DistillTrainer
 
@@ -31,7 +31,8 @@ def _toy_rewards():
 
 def cfg_for(recipe, tmp_path, *extra):
     return load_config(str(REPO / "configs/distill" / recipe),
-                       [f"output_dir={tmp_path}", "save_every=2", "optim.critic_steps_per_generator=2", *extra])
+                       [f"run.output_dir={tmp_path}", "checkpoint.every=2", "train.critic_steps_per_generator=2",
+                        "log.progress=false", *extra])
 
 
 def weights(trainer):
@@ -41,11 +42,11 @@ def weights(trainer):
 @pytest.mark.parametrize("recipe,extra", [
     ("tiny.yaml", []),
     ("tiny_stream_r1.yaml", []),                                          # rewards/ plugins by name
-    ("tiny_stream_r1.yaml", [("stream_r1.axes={visual_quality: distill_test_brightness, "
-                              "motion_quality: distill_test_smoothness}"), "stream_r1.axis_kwargs={}"]),
-    ("tiny_rmd.yaml", ["rmd.chunk_stage_iterations=2"]),
-    ("tiny_rmd.yaml", ["rmd.chunk_stage_iterations=4", "rmd.first_chunk_weight=2.0", "rmd.replay=false"]),
-    ("tiny.yaml", ["method=ode_init", "ode_init.teacher_steps=8"]),
+    ("tiny_stream_r1.yaml", [("method.axes={visual_quality: distill_test_brightness, "
+                              "motion_quality: distill_test_smoothness}"), "method.axis_kwargs={}"]),
+    ("tiny_rmd.yaml", ["method.chunk_stage_iterations=2"]),
+    ("tiny_rmd.yaml", ["method.chunk_stage_iterations=4", "method.first_chunk_weight=2.0", "method.replay=false"]),
+    ("tiny.yaml", ["method=ode_init", "method.teacher_steps=8"]),
 ])
 def test_iterate_checkpoint_resume(recipe, extra, tmp_path):
     cfg = cfg_for(recipe, tmp_path / "a", *extra)
@@ -55,12 +56,12 @@ def test_iterate_checkpoint_resume(recipe, extra, tmp_path):
     after = weights(straight)
     assert all(torch.isfinite(torch.tensor(list(h.values()))).all() for h in hist)
     assert any(not torch.equal(before[k], after[k]) for k in before)       # the student learned something
-    if cfg.method == "ode_init":                                          # regression every step, no critic
+    if cfg.method.kind == "ode_init":                                          # regression every step, no critic
         assert all("loss/generator" in h and "loss/critic" not in h for h in hist)
     else:                                                                 # two timescales: critic 2 : generator 1
         assert "loss/generator" in hist[0] and "loss/critic" in hist[1] and "loss/generator" not in hist[1]
     # interrupted run: 2 iterations, then a fresh trainer resumes from the step-1 checkpoint
-    cfg_b = dataclasses.replace(cfg, output_dir=str(tmp_path / "b"))
+    cfg_b = replace_nested(cfg, **{"run.output_dir": str(tmp_path / "b")})
     first = DistillTrainer(cfg_b)
     first.fit(2)
     resumed = DistillTrainer(cfg_b)

@@ -197,7 +197,6 @@ def test_rmd_stage_two_settings():
 def test_rmd_first_chunk_goes_to_base_teacher_and_its_own_critic():
     from types import SimpleNamespace
 
-    from flowrl.distill.config import DistillConfig
     from flowrl.distill.objectives import Batch, rmd_chunk_loss
     from flowrl.distill.roles import Roles, bidirectional_score
 
@@ -210,10 +209,10 @@ def test_rmd_first_chunk_goes_to_base_teacher_and_its_own_critic():
             return x * self.scale
 
     roles = Roles(None, Fake(0.5), Fake(0.2), None, None, chunk_teacher=Fake(0.7), first_critic=Fake(0.1))
-    cfg = DistillConfig(method="rmd", rmd=rmd.Config(first_chunk_weight=2.0))
+    rcfg = rmd.Config(first_chunk_weight=2.0)
     x = torch.randn(2, 3, 4, 2, 2, requires_grad=True)
     batch = Batch(["a", "b"], torch.zeros(2, 1, 1), torch.zeros(2, 1, 1))
-    loss, _ = rmd_chunk_loss(x, roles, batch, cfg, torch.Generator().manual_seed(0))
+    loss, _ = rmd_chunk_loss(x, roles, batch, rcfg, DMDConfig(), torch.Generator().manual_seed(0))
     assert roles.teacher.batches == [2, 2] and roles.first_critic.batches == [2]      # cond + uncond, 2 videos
     assert roles.chunk_teacher.batches == [6, 6] and roles.critic.batches == [6]      # 3 later chunks × 2
     dcfg = DMDConfig(guidance_scale=1.0)
