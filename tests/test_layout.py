@@ -6,7 +6,8 @@
   model libraries are imported lazily inside functions.
 - the ``flowrl`` core reaches a reward or sampler plugin only through the registries (``from rewards import
   REWARDS``), never ``rewards.<plugin>`` / ``samplers.<kernel>`` directly; the sampler infrastructure modules
-  (rollout engine, schedules, windows, rng) and the reward composite are shared machinery, not plugins.
+  (sampling engine, rollout loops, stages, schedules, windows, rng) and the reward composite are shared machinery,
+  not plugins.
 - ``flowrl/contracts.py`` (the plugin Protocols) imports no plugin: only torch, ``flowrl.balancers.services``
   and ``rewards.base``, so any module may import the contracts.
 - every library file (``flowrl/``, ``samplers/``, ``rewards/``, ``scripts/``) is at most 400 lines.
@@ -19,8 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
-SAMPLER_INFRA = {"samplers", "samplers.rollout", "samplers.schedule", "samplers.windows", "samplers.rng",
-                 "samplers.base", "samplers.log_prob", "samplers.tree", "samplers.restart"}
+SAMPLER_INFRA = {"samplers", "samplers.engine", "samplers.rollout", "samplers.steps", "samplers.schedule",
+                 "samplers.windows", "samplers.rng", "samplers.base", "samplers.log_prob", "samplers.tree",
+                 "samplers.restart"}
 REWARD_INFRA = {"rewards", "rewards.base", "rewards.compose"}
 
 

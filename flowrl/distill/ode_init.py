@@ -39,19 +39,27 @@ def teacher_sigmas(num_steps: int, shift: float) -> Tensor:
 @torch.no_grad()
 def teacher_trajectory(teacher: ScoreFn, noise: Tensor, text: Tensor, text_neg: Tensor | None, cfg: Config,
                        keep_timesteps: Tensor) -> tuple[Tensor, Tensor]:
-    """Euler ODE x_{i+1} = x_i + (σ_{i+1} − σ_i)·v̂ with CFG; returns (stored (S, B, ...) latents at the grid
-    points nearest ``keep_timesteps``, their actual timesteps (S,)), the last row being x0 at t = 0."""
+    """Euler ODE x_{i+1} = x_i + (σ_{i+1} − σ_i)·v̂ with CFG (the sampling engine's flat rollout,
+    ``samplers.rollout``); returns (stored (S, B, ...) latents at the grid points nearest ``keep_timesteps``,
+    their actual timesteps (S,)), the last row being x0 at t = 0."""
+    from samplers.rollout import rollout
+
     sig = teacher_sigmas(cfg.teacher_steps, cfg.teacher_shift)
     keep = [int((sig - float(t) / 1000).abs().argmin()) for t in keep_timesteps]
-    x, stored = noise.float(), {}
-    for i in range(cfg.teacher_steps):
+    stored: dict[int, Tensor] = {}
+    calls = [0]
+
+    def velocity(x: Tensor, sigma: Tensor) -> Tensor:
+        i, calls[0] = calls[0], calls[0] + 1               # call i is made at grid point i
         if i in keep:
             stored[i] = x
-        t = torch.full((x.shape[0],), float(sig[i]) * 1000, device=x.device)
+        t = sigma * 1000
         v = teacher(x, t, text)
         if text_neg is not None and cfg.guidance_scale != 1.0:
             v = cfg_combine(v, teacher(x, t, text_neg), cfg.guidance_scale, cfg.cfg_convention)
-        x = x + float(sig[i + 1] - sig[i]) * v
+        return v
+
+    x = rollout(velocity, noise.float(), sig.float(), store=False).latents
     latents = torch.stack([stored[i] for i in keep] + [x])
     return latents, torch.tensor([float(sig[i]) * 1000 for i in keep] + [0.0])
 
