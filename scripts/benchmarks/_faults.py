@@ -49,7 +49,7 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["train.ema_decay=1.5"], "train.ema_decay"),
     (["train.ema_every=0"], "train.ema_every"),
     (["train.max_skipped=0"], "train.max_skipped"),
-    (["train.micro_batch=3"], "train.micro_batch"),
+    (["train.updates_per_epoch=1", "train.micro_batch=3"], "train.micro_batch"),   # 4 rows per update
     (["run.seed=-1"], "run.seed"),
     (["run.seed=4294967296"], "run.seed"),
     (["run.threads=0"], "run.threads"),
