@@ -40,11 +40,12 @@ import json
 import math
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "gpu"
+from flowrl.bench.paths import REPO
+
+CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
            "wan": "wan21_t2v_1.3b_transformer.json"}
 # family: (height, width, frames, batch) at full scale / tiny scale

@@ -29,9 +29,7 @@ import time
 
 import torch
 
-if __name__ == "__main__":   # run as a file: keep this script (samplers.py) from shadowing the samplers package
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+from flowrl.bench.paths import REPO
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -147,9 +145,10 @@ def measure_peak(args) -> dict:
 
 
 def subprocess_peak(mode: str, argv: list[str]) -> dict:
-    cmd = [sys.executable, __file__, *argv, "--measure", mode]
+    cmd = [sys.executable, "-m", "flowrl.bench.benchmarks.samplers", *argv, "--measure", mode]  # a fresh process
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                         env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
