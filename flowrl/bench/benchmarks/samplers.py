@@ -46,7 +46,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1: steady timings on a shared machine)")
     ap.add_argument("--no-memory", action="store_true", help="skip the subprocess peak-memory measurement")
     ap.add_argument("--measure", choices=["pipeline", "sde", "ode"], help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    ap.add_argument("--quick", action="store_true", help="check that it runs: 1 layer, 16×16 latents, 2 steps, once")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.layers, args.latent, args.steps, args.window, args.repeats = 1, 16, 2, 1, 1
+    return args
 
 
 def build(args):
