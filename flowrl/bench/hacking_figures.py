@@ -31,7 +31,7 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
         entry = {"point": [r["palette_ratio_mean"], r["gain_mean"]],
                  "gain": {AXES[0]: {"ci95": r["palette_ratio_se"]}, AXES[1]: {"ci95": r["gain_se"]}}}
         if name in betas:
-            entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # the plot font has no β
+            entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # ASCII, as the figures and JSON name it
         methods[name] = entry
     return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
 

@@ -98,7 +98,7 @@ def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str 
             ax.fill_between(xs[band], ys[band] - se[band], ys[band] + se[band], color=color, alpha=BAND_ALPHA,
                             linewidth=0)
         ax.plot(xs, ys, color=color, linewidth=2.0, marker="o", markersize=4.5, label=name)
-    ax.legend(loc="upper left", fontsize=FONT_SIZE + 1, frameon=False, handlelength=1.6)
+    ax.legend(loc="best", fontsize=FONT_SIZE + 1, frameon=False, handlelength=1.6)
     return _save(render(fig), path)
 
 
@@ -148,7 +148,7 @@ def _panel(fig, pts: dict, summary: dict, i: int, j: int, origin: int) -> None:
             ax.annotate(_label(name, summary), (p[i], p[j]), xytext=(6 if left else -6, 4),
                         textcoords="offset pixels", ha="left" if left else "right", va="bottom",
                         fontsize=FONT_SIZE, color=(0.43, 0.43, 0.43))
-    ax.legend(loc="upper left", fontsize=FONT_SIZE, frameon=False, handlelength=1.0, labelspacing=0.3)
+    ax.legend(loc="best", fontsize=FONT_SIZE, frameon=False, handlelength=1.0, labelspacing=0.3)
 
 
 def plot_reward_space(summary: dict, path: str | Path) -> Path:
