@@ -120,7 +120,6 @@ def run_log(run_dir: Path) -> dict:
             "alpha": {k[len("adv/"):]: statistics.fmean(r[k] for r in train if k in r) for k in alphas}}
 
 
-
 def run_one(args, set_name: str, method: str, seed: int) -> dict:
     run_recipe = learning_lib.run_recipe
     name = f"{set_name}-{method}-s{seed}"

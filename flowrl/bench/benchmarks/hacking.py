@@ -60,7 +60,6 @@ MIN_FRONT = 4               # KL-β values a front needs before a guard can be "
 CURVE = ("iteration", "palette_mean", "palette_se", "strict_mean", "strict_se")   # kept per method, for the plots
 
 
-
 def parse(argv):
     ap = argparse.ArgumentParser(prog="bench.py hacking", description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", default="60", help="N, or per base (grpo=160,nft=100): lengthen a base whose "

@@ -37,7 +37,6 @@ POINT_KEYS = ("rollout_nfe_mean", "train_nfe_mean", "wall_s_mean", "wall_s_se", 
               "partial_mean", "partial_se", "palette_mean", "palette_se", "diversity_mean", "diversity_se")
 
 
-
 def int_list(text: str, what: str) -> list[int]:
     """"0,1,2" or a range "0-11" → ints."""
     try:

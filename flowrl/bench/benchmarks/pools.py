@@ -40,7 +40,6 @@ METHODS = {  # name: (recipe, overrides)
 }
 
 
-
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.py pools", description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2", help="training seeds")

@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flowrl.bench import faults as fault_lib
-from flowrl.bench import server_load
+from flowrl.bench import faults, server_load
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -45,7 +44,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    faults = fault_lib
     seconds = {}
     with tempfile.TemporaryDirectory(prefix="flowrl-reliability-") as tmp:
         out = Path(args.out or tmp)

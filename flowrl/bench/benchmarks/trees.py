@@ -46,7 +46,6 @@ GRPO = REPO / "configs" / "toy" / "grpo.yaml"
 TREE = REPO / "configs" / "toy" / "trees" / "branchgrpo.yaml"
 
 
-
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.py trees", description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="engine,learning,search")
