@@ -1,7 +1,7 @@
-"""GPU readiness bench (scripts/benchmarks/gpu.py): clean skip without CUDA, the repo's transformer configs equal the
-published ones, each builds its diffusers class (on the meta device), and the whole code path runs at tiny scale."""
-import importlib.util
+"""GPU readiness bench (flowrl/bench/benchmarks/gpu.py): clean skip without CUDA, the repo's transformer configs equal
+the published ones, each builds its diffusers class (on the meta device), and the whole code path runs at tiny scale."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,18 +42,17 @@ SIZES = {"sd3": (2.4e9, 2.6e9), "flux": (11.5e9, 12.5e9), "wan": (1.3e9, 1.5e9)}
 
 
 def _bench():
-    path = ROOT / "scripts" / "benchmarks" / "gpu.py"
-    spec = importlib.util.spec_from_file_location("flowrl_bench_gpu", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from flowrl.bench.benchmarks import gpu
+
+    return gpu
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the bench would run, not skip")
 def test_skips_cleanly_without_cuda():
     assert _bench().main([]) == {"bench": "gpu", "skipped": "no CUDA device"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "scripts/bench.py", "gpu"], cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=300)
+                          check=False, timeout=300, env=env)      # this checkout's flowrl, whatever is installed
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == {"bench": "gpu", "skipped": "no CUDA device"}

@@ -1,16 +1,12 @@
 """The balancer benchmark's statistics on synthetic runs: hypervolume, dominance, t-intervals, worst gains and
-the headline keys (scripts/benchmarks/balancers.py)."""
-import importlib.util
-from pathlib import Path
+the headline keys (flowrl/bench/benchmarks/balancers.py)."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_balancers", Path(__file__).parents[2] / "scripts" / "benchmarks" / "balancers.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from flowrl.bench import learning_lib, learning_plot
+from flowrl.bench.benchmarks import balancers as bench
 
 
 def run(before: dict, after: dict, train_s=10.0, neg=None) -> dict:
@@ -41,9 +37,9 @@ def test_conflict_set_summary_headline_and_scatter(tmp_path):
     assert s["hv_sweep_median"] == pytest.approx(0.2 * 0.1)              # HVs 0.02, 0.03, 0.006
     assert m["marble"]["worst_normalised_gain"] == pytest.approx(min(0.15 / 0.3, 0.2 / 0.3))
     assert m["ws1"]["weights"] == [0.1, 0.9]
-    png = bench.learning_lib().plot_reward_space(s, tmp_path / "scatter.png")
+    png = learning_lib.plot_reward_space(s, tmp_path / "scatter.png")
     img = np.asarray(Image.open(png).convert("RGB"))
-    plot = bench.learning_lib()._sibling("_learning_plot")
+    plot = learning_plot
     assert img.shape == (plot.PANEL, plot.PANEL, 3)                       # two rewards: one panel
     for color in (plot.BALANCER_COLORS[0], plot.BALANCER_COLORS[1], plot.SWEEP):   # marble, famo, the sweep
         assert (img == color).all(axis=-1).sum() >= 20
@@ -65,7 +61,7 @@ def test_specialist_worst_skill_margin(tmp_path):
     result = {"sets": {"specialist": bench.summarise_set("specialist", by)}}
     bench.headline(result)
     assert result["worst_gain_margin"] == pytest.approx(0.05)
-    png = bench.learning_lib().plot_reward_space(result["sets"]["specialist"], tmp_path / "specialist.png")
+    png = learning_lib.plot_reward_space(result["sets"]["specialist"], tmp_path / "specialist.png")
     assert Image.open(png).size == (3 * 420, 420)                        # three rewards: three pair panels
     gdpo = result["sets"]["specialist"]["methods"]["gdpo"]
     assert gdpo["skill_gain"]["color"]["mean"] == pytest.approx(0.2)

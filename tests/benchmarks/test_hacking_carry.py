@@ -1,27 +1,21 @@
 """The hacking benchmark assembled across sessions: a previous hacking.json's methods are carried only when measured
 under this run's conditions and code, a method run or cached now wins, and the assembled JSON's front, guard table
 and plots use the carried figures."""
-import importlib.util
 import json
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
+from flowrl.bench import hacking_carry as carry
+from flowrl.bench import learning_lib
+from flowrl.bench.benchmarks import hacking
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load(stem):
-    spec = importlib.util.spec_from_file_location(f"flowrl_bench_{stem}_c", REPO / f"scripts/benchmarks/{stem}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-hacking, carry = load("hacking"), load("_hacking_carry")
-CODE = hacking.learning_lib().code_digest()
+CODE = learning_lib.code_digest()
 
 
 def summary(gain, ratio, name, hacks=False):

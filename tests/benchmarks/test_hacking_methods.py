@@ -1,26 +1,15 @@
 """The hacking benchmark's runs are valid configs: every method of every base (unguarded, KL, each guard, the
 KL-β sweep) and the Flow-DPPO block's guard load on their base recipe, and each guard changes the objective."""
-import importlib.util
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
+from flowrl.bench.benchmarks import hacking
 from flowrl.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def load_hacking():
-    spec = importlib.util.spec_from_file_location("flowrl_bench_hacking_t", REPO / "scripts/benchmarks/hacking.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hacking = load_hacking()
 
 
 @pytest.mark.parametrize("base", hacking.BASES)

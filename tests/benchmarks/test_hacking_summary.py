@@ -1,28 +1,21 @@
 """The hacking benchmark's bookkeeping on synthetic results: per-base budgets, the KL front and best guard on a
 partial run, the headline targets, and its figures (scatter input, gallery crop of a real evaluation grid)."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from flowrl.bench import hacking_figures as figs
+from flowrl.bench import learning_lib
+from flowrl.bench.benchmarks import hacking
 from flowrl.eval.grid import make_grid
 from flowrl.eval.media import save_png
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load(stem):
-    spec = importlib.util.spec_from_file_location(f"flowrl_bench_{stem}_t", REPO / f"scripts/benchmarks/{stem}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-hacking, figs = load("hacking"), load("_hacking_figures")
 
 
 def result(gain, ratio, runs=()):
@@ -71,7 +64,7 @@ def test_front_summary_labels_the_sweep_by_beta_and_keeps_guards_named(tmp_path)
     assert list(s["methods"]) == ["none", "kl", "normguard"]           # a method not run is left out
     assert s["methods"]["kl"]["label"] == "beta=0.0001" and "weights" not in s["methods"]["normguard"]
     assert s["methods"]["normguard"]["point"] == [1.1, 0.07] and s["base"] == [1.0, 0.0]
-    plot = hacking.learning_lib().plot_reward_space(s, tmp_path / "front.png")
+    plot = learning_lib.plot_reward_space(s, tmp_path / "front.png")
     assert Image.open(plot).size[1] > 0
 
 

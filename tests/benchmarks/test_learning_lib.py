@@ -1,10 +1,8 @@
-"""The learning benchmarks' shared library (scripts/benchmarks/_learning_lib.py): statistics against numpy/scipy
+"""The learning benchmarks' shared library (flowrl/bench/learning_lib.py): statistics against numpy/scipy
 and closed forms, interpolation on hand-made curves, the before cache, the NFE accounting on a stub trainer, the
 plot; and (slow) one real toy run whose training NFEs equal the objective's closed form."""
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,19 +12,10 @@ import torch
 from PIL import Image
 from scipy import stats
 
+from flowrl.bench import learning_lib as lib
+from flowrl.bench import learning_plot
+
 ROOT = Path(__file__).resolve().parents[2]
-NAME = "flowrl_bench__learning_lib"
-
-
-def load_lib():
-    if NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(NAME, ROOT / "scripts" / "benchmarks" / "_learning_lib.py")
-        sys.modules[NAME] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[NAME])
-    return sys.modules[NAME]
-
-
-lib = load_lib()
 
 
 def run(seed, points):
@@ -191,7 +180,7 @@ def test_plot_curves_draws_each_method_and_its_band(tmp_path):
                        for s in range(3)])
     path = lib.plot_curves({"a": a, "b": b}, tmp_path / "sub" / "c.png")
     img = np.asarray(Image.open(path).convert("RGB"))
-    plot = lib._sibling("_learning_plot")
+    plot = learning_plot
     assert img.shape == (plot.HEIGHT, plot.WIDTH, 3)
     for color in plot.COLORS[:2]:
         assert (img == color).all(-1).sum() > 50                 # each method's line

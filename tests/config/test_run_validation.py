@@ -1,24 +1,12 @@
-"""Config validation (issue #16 item 3): every mistake in ``scripts/benchmarks/_faults.py``'s BAD_CONFIGS (the
+"""Config validation (issue #16 item 3): every mistake in ``flowrl/bench/faults.py``'s BAD_CONFIGS (the
 list ``bench.py reliability`` tallies) is refused by scripts/train.py before any model loads, with exit 1 and
 one line naming the key; the loader blames the override that set the bad key; the ranges are in the message."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from flowrl.bench import faults
 from flowrl.config import ConfigError, load_config
 
-FAULTS = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "_faults.py"
-
-
-def faults():
-    spec = importlib.util.spec_from_file_location("flowrl_config_test_faults", FAULTS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-F = faults()
+F = faults
 
 
 @pytest.mark.parametrize("overrides,key", F.BAD_CONFIGS, ids=[" ".join(ov) for ov, _ in F.BAD_CONFIGS])

@@ -1,7 +1,9 @@
-"""PIL training curves: points land where the linear map says, NaN breaks the line, layout and errors."""
+"""Training curves (matplotlib): the linear map, NaN breaks the line, layout and errors; without matplotlib the
+optional plot is skipped with one log line, a required one raises naming the ``plots`` extra."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -62,3 +64,49 @@ def test_plot_run_writes_curves(tmp_path):
     assert plot_metrics(recs, ["loss/ratio"] * 4, columns=3).shape == (400, 3 * 360, 3)
     with pytest.raises(ValueError, match="no metric names"):
         plot_run(tmp_path, patterns=["nothing/*"])
+
+
+MATPLOTLIB = ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
+def no_matplotlib(monkeypatch):
+    """Make every matplotlib import fail, as on an install without the ``plots`` extra."""
+    for name in MATPLOTLIB:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def _curves_dir(tmp_path):
+    recs = [{"step": s, "time": 0, "loss/ratio": 1.0 + s} for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return tmp_path
+
+
+def test_plot_run_writes_a_png_drawn_by_matplotlib(tmp_path, monkeypatch):
+    path = plot_run(_curves_dir(tmp_path))
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == (360, 200)
+        img.verify()
+    no_matplotlib(monkeypatch)                     # the same call without matplotlib cannot draw: it is what draws
+    with pytest.raises(ImportError, match=r"flowrl\[plots\]"):
+        plot_run(tmp_path, out=tmp_path / "again.png")
+
+
+def test_optional_plot_is_skipped_with_one_line_without_matplotlib(tmp_path, monkeypatch, capsys):
+    no_matplotlib(monkeypatch)
+    assert plot_run(_curves_dir(tmp_path), required=False) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib is not installed" in err[0] and "curves.png" in err[0]
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_flowrl_imports_matplotlib_only_lazily():
+    """Training never needs matplotlib: no module of the package imports it at module level."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "flowrl"
+    bad = [str(p) for p in root.rglob("*.py")
+           for node in ast.parse(p.read_text()).body
+           if isinstance(node, (ast.Import, ast.ImportFrom))
+           and any((getattr(node, "module", None) or a.name).split(".")[0] == "matplotlib" for a in node.names)]
+    assert not bad, f"import matplotlib inside the drawing function: {bad}"

@@ -1,5 +1,5 @@
 """Helpers of the reliability tests: tiny toy runs, scripts/train.py loaded by path, the fault-injection
-library ``scripts/benchmarks/_faults.py`` (shared with ``bench.py reliability``)."""
+library ``flowrl.bench.faults`` (shared with ``bench.py reliability``)."""
 from __future__ import annotations
 
 import importlib.util
@@ -25,7 +25,9 @@ def train_script():
 
 
 def faults():
-    return load_path("flowrl_reliability_faults", REPO / "scripts" / "benchmarks" / "_faults.py")
+    from flowrl.bench import faults as module
+
+    return module
 
 
 def tiny(out_dir, name: str = "run", iterations: int = 2, objective: str = "nft") -> list[str]:

@@ -1,6 +1,6 @@
 """Fault injection (issue #16): a tiny toy run SIGKILLed at random points — start-up, mid-iteration, mid-save —
 and resumed with ``scripts/train.py --resume`` after each kill ends bitwise equal to an uninterrupted run
-(adapters, EMA, optimizer state, loop counters). The driver is ``scripts/benchmarks/_faults.py`` (also
+(adapters, EMA, optimizer state, loop counters). The driver is ``flowrl/bench/faults.py`` (also
 ``bench.py reliability``); two CPU processes without run.cpu=true are refused under a real torchrun."""
 import os
 import subprocess

@@ -1,21 +1,14 @@
 """Reward server under load with injected faults (issue #16 item 5): 50 parallel connections × 5 rounds, each
 round with half-open, stalled and malformed peers holding the server; every valid request must be served.
 
-The load generator is ``scripts/benchmarks/_server_load.py`` (also used by ``bench.py reliability``), loaded
-by path because scripts/ is not a package."""
-import importlib.util
-from pathlib import Path
-
+The load generator is ``flowrl.bench.server_load`` (also used by ``bench.py reliability``)."""
 import pytest
 
-LOAD = Path(__file__).resolve().parents[2] / "scripts" / "benchmarks" / "_server_load.py"
+from flowrl.bench import server_load
 
 
 def _load_module():
-    spec = importlib.util.spec_from_file_location("flowrl_server_load", LOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return server_load
 
 
 @pytest.mark.slow

@@ -1,11 +1,11 @@
-"""Benchmark plots drawn with PIL (no plotting library in the environment).
+"""Benchmark plots drawn with matplotlib (the ``plots`` extra; Agg backend, no display).
 
 Learning curves of several methods in one PNG: per method the mean over seeds as a line with markers and
 mean ± standard error as a translucent band.
 
     plot_curves({"grpo": agg_grpo, "nft": agg_nft}, "curves_strict.png", metric="strict", x="rollout_nfe")
 
-``agg_*`` are ``_learning_lib.aggregate`` results (``curve`` points with ``<x>_mean``, ``<metric>_mean`` and
+``agg_*`` are ``learning_lib.aggregate`` results (``curve`` points with ``<x>_mean``, ``<metric>_mean`` and
 ``<metric>_se``); a missing SE (one seed) draws no band.
 
 The balancer benchmark's reward-space scatter, one panel per pair of a set's rewards:
@@ -23,12 +23,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+
+from flowrl.eval.plots import figure, render, rgb
 
 COLORS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75),
           (227, 119, 194), (127, 127, 127))
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 70, 20, 36, 48
-TICKS = 5
+FONT_SIZE = 8
+BAND_ALPHA = 60 / 255                       # the ± SE band over white
 
 
 def series(agg: dict, metric: str, x: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -53,77 +55,51 @@ def _range(values: list[np.ndarray], pad: float = 0.05) -> tuple[float, float]:
     return lo - width, hi + width
 
 
-def _to_pixels(box, xr, yr):
-    """The map (data x, data y) → (pixel x, pixel y) of the plot area ``box`` over the ranges ``xr``, ``yr``."""
-    def px(xs, ys):
-        return (box[0] + (xs - xr[0]) / (xr[1] - xr[0]) * (box[2] - box[0]),
-                box[3] - (ys - yr[0]) / (yr[1] - yr[0]) * (box[3] - box[1]))
-    return px
-
-
-def _save(img: Image.Image, path: str | Path) -> Path:
-    """Write ``img`` as a PNG at ``path`` (parents created) and return the path written."""
+def _save(pixels: np.ndarray, path: str | Path) -> Path:
+    """Write the RGB pixels as a PNG at ``path`` (parents created) and return the path written."""
     from flowrl.eval.media import save_png
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    return save_png(np.asarray(img.convert("RGB")), out)
+    return save_png(pixels, out)
+
+
+def _axes(fig, box: tuple[float, float, float, float], xr, yr, title: str, xlabel: str):
+    """Axes over the pixel box (left, top, right, bottom) of the figure, with its ranges, title and x label."""
+    w, h = fig.bbox.width, fig.bbox.height
+    ax = fig.add_axes((box[0] / w, 1 - box[3] / h, (box[2] - box[0]) / w, (box[3] - box[1]) / h))
+    ax.set_xlim(*xr)
+    ax.set_ylim(*yr)
+    ax.set_title(title, fontsize=FONT_SIZE + 1, loc="left")
+    ax.set_xlabel(xlabel, fontsize=FONT_SIZE + 1, labelpad=2)
+    ax.tick_params(labelsize=FONT_SIZE, colors=(0.24, 0.24, 0.24))
+    for spine in ax.spines.values():
+        spine.set_color((0.47, 0.47, 0.47))
+    if abs(xr[1]) >= 100:
+        ax.xaxis.set_major_formatter("{x:,.0f}")
+    return ax
 
 
 def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str = "rollout_nfe") -> Path:
     """Write the PNG to ``path`` (parents created) and return it; ``methods``: name → ``aggregate`` result."""
-    from flowrl.eval.grid import font, line_height
-
     if not methods:
         raise ValueError("plot_curves: no methods given")
     data = {name: series(agg, metric, x) for name, agg in methods.items()}
     xr = _range([d[0] for d in data.values()], pad=0.0)
     yr = _range([d[1] + np.nan_to_num(d[2]) for d in data.values()] + [d[1] - np.nan_to_num(d[2])
                                                                         for d in data.values()])
-    box = (LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM)
-    px = _to_pixels(box, xr, yr)
-
-    img = Image.new("RGBA", (WIDTH, HEIGHT), (255, 255, 255, 255))
-    fnt, lh = font(), line_height(font())
-    _axes(ImageDraw.Draw(img), box, xr, yr, fnt, lh, f"{metric} vs {x} (mean ± SE over seeds)", x)
+    fig = figure(WIDTH, HEIGHT)
+    ax = _axes(fig, (LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM), xr, yr,
+               f"{metric} vs {x} (mean ± SE over seeds)", x)
     for i, (name, (xs, ys, se)) in enumerate(data.items()):
-        color = COLORS[i % len(COLORS)]
+        color = rgb(COLORS[i % len(COLORS)])
         band = np.isfinite(se)
         if band.sum() >= 2:
-            overlay = Image.new("RGBA", img.size, (0, 0, 0, 0))
-            up, lo = px(xs[band], ys[band] + se[band]), px(xs[band], ys[band] - se[band])
-            poly = list(zip(up[0], up[1])) + list(zip(lo[0][::-1], lo[1][::-1]))
-            ImageDraw.Draw(overlay).polygon([(float(a), float(b)) for a, b in poly], fill=(*color, 60))
-            img = Image.alpha_composite(img, overlay)
-        draw = ImageDraw.Draw(img)
-        cx, cy = px(xs, ys)
-        pts = [(float(a), float(b)) for a, b in zip(cx, cy)]
-        if len(pts) > 1:
-            draw.line(pts, fill=color, width=2)
-        for a, b in pts:
-            draw.ellipse((a - 3, b - 3, a + 3, b + 3), fill=color)
-        ly = box[1] + 6 + i * (lh + 4)
-        draw.line([(box[0] + 8, ly + lh / 2), (box[0] + 28, ly + lh / 2)], fill=color, width=3)
-        draw.text((box[0] + 34, ly), name, fill=(0, 0, 0), font=fnt)
-    return _save(img, path)
-
-
-def _axes(draw, box, xr, yr, fnt, lh, title: str, xlabel: str) -> None:
-    """Frame, title, x label and TICKS evenly spaced tick labels on each axis."""
-    draw.rectangle(box, outline=(120, 120, 120))
-    draw.text((box[0], (box[1] - lh) / 2), title, fill=(0, 0, 0), font=fnt)
-    draw.text(((box[0] + box[2]) / 2 - draw.textlength(xlabel, font=fnt) / 2, box[3] + lh + 8), xlabel,
-              fill=(0, 0, 0), font=fnt)
-    for k in range(TICKS):
-        f = k / (TICKS - 1)
-        xv, yv = xr[0] + f * (xr[1] - xr[0]), yr[0] + f * (yr[1] - yr[0])
-        xp, yp = box[0] + f * (box[2] - box[0]), box[3] - f * (box[3] - box[1])
-        draw.line([(xp, box[3]), (xp, box[3] + 4)], fill=(120, 120, 120))
-        draw.line([(box[0] - 4, yp), (box[0], yp)], fill=(120, 120, 120))
-        label = f"{xv:,.0f}" if abs(xr[1]) >= 100 else f"{xv:.3g}"
-        draw.text((xp - draw.textlength(label, font=fnt) / 2, box[3] + 6), label, fill=(60, 60, 60), font=fnt)
-        ylab = f"{yv:.3f}"
-        draw.text((box[0] - 8 - draw.textlength(ylab, font=fnt), yp - lh / 2), ylab, fill=(60, 60, 60), font=fnt)
+            ax.fill_between(xs[band], ys[band] - se[band], ys[band] + se[band], color=color, alpha=BAND_ALPHA,
+                            linewidth=0)
+        ax.plot(xs, ys, color=color, linewidth=2.0, marker="o", markersize=4.5, label=name)
+    ax.legend(loc="best", fontsize=FONT_SIZE + 1, frameon=False, handlelength=1.6)
+    return _save(render(fig), path)
 
 
 # ------------------------------------------------------------------------------ reward-space scatter
@@ -149,42 +125,30 @@ def _label(name: str, summary: dict) -> str:
     return m.get("label") or "ws(" + ",".join(f"{w:g}" for w in m["weights"]) + ")"
 
 
-def _panel(img, pts: dict, summary: dict, i: int, j: int, origin: tuple[int, int]) -> None:
-    """Reward i on x, reward j on y, inside the panel whose top-left corner is ``origin``."""
-    from flowrl.eval.grid import font, line_height
-
+def _panel(fig, pts: dict, summary: dict, i: int, j: int, origin: int) -> None:
+    """Reward i on x, reward j on y, inside the panel whose left edge is at pixel ``origin``."""
     base = summary["base"]
-    box = (origin[0] + LEFT, origin[1] + TOP, origin[0] + PANEL - RIGHT, origin[1] + PANEL - BOTTOM)
     xr = _range([np.asarray([base[i]])] + [np.asarray([p[i] - c[i], p[i] + c[i]]) for p, c in pts.values()])
     yr = _range([np.asarray([base[j]])] + [np.asarray([p[j] - c[j], p[j] + c[j]]) for p, c in pts.values()])
-    px = _to_pixels(box, xr, yr)
-
-    draw, fnt = ImageDraw.Draw(img), font()
-    lh = line_height(fnt)
     rewards = summary["rewards"]
-    _axes(draw, box, xr, yr, fnt, lh, f"{rewards[j]} vs {rewards[i]}", rewards[i])
-    bx, by = px(base[i], base[j])
-    draw.line([(bx - 6, by - 6), (bx + 6, by + 6)], fill=(0, 0, 0), width=2)
-    draw.line([(bx - 6, by + 6), (bx + 6, by - 6)], fill=(0, 0, 0), width=2)
+    ax = _axes(fig, (origin + LEFT, TOP, origin + PANEL - RIGHT, PANEL - BOTTOM), xr, yr,
+               f"{rewards[j]} vs {rewards[i]}", rewards[i])
+    ax.plot([base[i]], [base[j]], "x", color="black", markersize=8, markeredgewidth=2, label="base (x)",
+            linestyle="none")
     colors = {name: SWEEP for name in pts if "weights" in summary["methods"][name]}
     balancers = [name for name in pts if name not in colors]
     colors |= {name: BALANCER_COLORS[k % len(BALANCER_COLORS)] for k, name in enumerate(balancers)}
+    mid = (xr[0] + xr[1]) / 2
     for name, (p, c) in pts.items():
-        color = colors[name]
-        x, y = px(p[i], p[j])
-        x0, _ = px(p[i] - c[i], p[j])
-        x1, _ = px(p[i] + c[i], p[j])
-        _, y0 = px(p[i], p[j] - c[j])
-        _, y1 = px(p[i], p[j] + c[j])
-        draw.line([(x0, y), (x1, y)], fill=color, width=1)
-        draw.line([(x, y0), (x, y1)], fill=color, width=1)
-        draw.ellipse((x - 4, y - 4, x + 4, y + 4), fill=color)
-        if color == SWEEP:
-            text = _label(name, summary)
-            tx = x + 6 if x < (box[0] + box[2]) / 2 else x - 6 - draw.textlength(text, font=fnt)
-            draw.text((tx, y - lh), text, fill=(110, 110, 110), font=fnt)
-    for k, name in enumerate(["base (x)", *balancers]):
-        draw.text((box[0] + 8, box[1] + 6 + k * (lh + 2)), name, fill=colors.get(name, (0, 0, 0)), font=fnt)
+        color = rgb(colors[name])
+        ax.errorbar([p[i]], [p[j]], xerr=[c[i]], yerr=[c[j]], fmt="o", color=color, markersize=6.5,
+                    elinewidth=1, capsize=0, label=None if colors[name] == SWEEP else name)
+        if colors[name] == SWEEP:
+            left = p[i] < mid
+            ax.annotate(_label(name, summary), (p[i], p[j]), xytext=(6 if left else -6, 4),
+                        textcoords="offset pixels", ha="left" if left else "right", va="bottom",
+                        fontsize=FONT_SIZE, color=(0.43, 0.43, 0.43))
+    ax.legend(loc="best", fontsize=FONT_SIZE, frameon=False, handlelength=1.0, labelspacing=0.3)
 
 
 def plot_reward_space(summary: dict, path: str | Path) -> Path:
@@ -193,7 +157,7 @@ def plot_reward_space(summary: dict, path: str | Path) -> Path:
     if not pts or None in summary["base"]:
         raise ValueError("plot_reward_space: no method with a complete point")
     pairs = list(itertools.combinations(range(len(summary["rewards"])), 2))
-    img = Image.new("RGB", (PANEL * len(pairs), PANEL), (255, 255, 255))
+    fig = figure(PANEL * len(pairs), PANEL)
     for k, (i, j) in enumerate(pairs):
-        _panel(img, pts, summary, i, j, (k * PANEL, 0))
-    return _save(img, path)
+        _panel(fig, pts, summary, i, j, k * PANEL)
+    return _save(render(fig), path)

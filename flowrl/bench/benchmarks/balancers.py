@@ -36,7 +36,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from flowrl.bench import learning_lib
+from flowrl.bench.paths import REPO, rel
+
 RECIPES = REPO / "configs" / "toy" / "balancers"
 SETS = {   # set → (training rewards, weighted-sum sweep; the recipe's own weights are the first point)
     "specialist": (("shapes_count_only", "shapes_position_only", "shapes_color_only"),
@@ -118,20 +120,8 @@ def run_log(run_dir: Path) -> dict:
             "alpha": {k[len("adv/"):]: statistics.fmean(r[k] for r in train if k in r) for k in alphas}}
 
 
-def learning_lib():
-    """scripts/benchmarks/_learning_lib.py, loaded by path under its one module name (one "before" cache)."""
-    name = "flowrl_bench__learning_lib"
-    if name not in sys.modules:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_learning_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 def run_one(args, set_name: str, method: str, seed: int) -> dict:
-    run_recipe = learning_lib().run_recipe
+    run_recipe = learning_lib.run_recipe
     name = f"{set_name}-{method}-s{seed}"
     overrides = [*method_overrides(set_name, method), *diagnose_overrides(args.diagnose_every), *args.extra]
     out = run_recipe(RECIPES / f"{set_name}.yaml", seed=seed, iterations=args.iterations, eval_every=0,
@@ -263,7 +253,7 @@ def main(argv: list[str]) -> dict:
     for set_name, by_method in runs.items():
         result["sets"][set_name] = summarise_set(set_name, by_method)
         try:
-            result["sets"][set_name]["plot"] = str(learning_lib().plot_reward_space(
+            result["sets"][set_name]["plot"] = rel(learning_lib.plot_reward_space(
                 result["sets"][set_name], Path(args.out) / f"balancers_{set_name}.png"))
         except Exception as e:      # a plot is a convenience; the figures above are the result
             result["sets"][set_name]["plot_error"] = repr(e)

@@ -4,7 +4,7 @@ sessions (each fits part of it on two cores) after the finished-run cache of the
     carried = load(Path("docs/benchmarks/hacking.json"), args, code_digest())   # {"nft/none": summary, ...}
 
 A method is carried only when the previous run measured it under the same conditions: the same source code (the
-digest ``_learning_lib.code_digest``; a file written before the digest was recorded is taken as ``unrecorded``,
+digest ``learning_lib.code_digest``; a file written before the digest was recorded is taken as ``unrecorded``,
 and ``provenance`` says so), the same training and evaluation seeds and prompts, and its base's budget
 (iterations, eval every) equal to this run's. A method run or cached now always wins over a carried one.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from flowrl.bench.paths import rel, resolve
 
 MATCH = ("seeds", "eval_seeds", "eval_prompts")        # run-wide settings a carried method must share
 PER_BASE = ("iterations", "eval_every")                 # per-base budget settings it must share
@@ -51,7 +53,7 @@ def load(path: Path | None, args, code: str) -> tuple[dict, dict]:
         return {}, {}
     digest = check_code(prev, code, path)
     methods = {k: v for k, v in prev.get("methods", {}).items() if same_conditions(prev, args, k.split("/")[0])}
-    return methods, {"from": str(path), "code": digest, "machine": prev.get("machine", "unrecorded"),
+    return methods, {"from": rel(path), "code": digest, "machine": prev.get("machine", "unrecorded"),
                      "methods": sorted(methods), "prev": prev}
 
 
@@ -72,7 +74,7 @@ def keep_plots(provenance: dict, made: dict) -> dict:
     prev = provenance.get("prev", {}).get("plots", {})
     bases = {m.split("/")[0] for m in provenance.get("methods", [])}
     kept = {k: v for k, v in prev.items() if k.split("_")[0] in bases and k not in made
-            and not k.endswith("error") and Path(v).is_file()}
+            and not k.endswith("error") and resolve(v).is_file()}
     return {**made, **kept}
 
 

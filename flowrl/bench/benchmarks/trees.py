@@ -17,7 +17,7 @@ Parts (each on the shipped toy model, CPU, one thread):
   the MixGRPO sliding window (grpo.yaml with ``sampler.window`` sliding, ``--mix-window`` SDE steps moving
   every ``--mix-every`` iterations; ODE elsewhere) at **equal rollout NFEs** (``--budget``; each method runs
   ⌈budget / its NFEs per iteration⌉ iterations), ``--seeds`` training seeds, through the learning-benchmark
-  library (``_learning_lib.py``: held-out strict / partial credit / palette distance / seed diversity, mean ±
+  library (``learning_lib``: held-out strict / partial credit / palette distance / seed diversity, mean ±
   SE over seeds). ``tree_nfe_to_flat_final`` = the rollout NFEs at which tree-GRPO's mean strict curve first
   reaches flat GRPO's final mean ÷ flat GRPO's final rollout NFEs (target ≤ 0.6; null when never reached, or
   when tree-GRPO starts at or above it); ``mix_nfe_to_flat_final`` likewise; ``tree_partial_gain_at_budget`` =
@@ -34,25 +34,16 @@ to check the script end to end; its figures are not results.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from flowrl.bench import learning_lib
+from flowrl.bench.paths import REPO, rel
+
 GRPO = REPO / "configs" / "toy" / "grpo.yaml"
 TREE = REPO / "configs" / "toy" / "trees" / "branchgrpo.yaml"
-
-
-def lib():
-    """The learning-benchmark library, loaded by path under one shared module name."""
-    name = "flowrl_bench__learning_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_learning_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -184,7 +175,7 @@ def _no_split(steps: int):
 
 
 def learning(args) -> dict:
-    L = lib()
+    L = learning_lib
     seeds = [int(s) for s in args.seeds.split(",")]
     eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
     mix = [f"sampler.window={{kind: sliding, size: {args.mix_window}, iters_per_group: {args.mix_every}}}"]
@@ -215,7 +206,7 @@ def learning(args) -> dict:
     res["tree_palette_ratio"] = _div(tree.get("palette_mean"), flat.get("palette_mean"))
     res["tree_diversity_minus_flat"] = _sub(tree.get("diversity_mean"), flat.get("diversity_mean"))
     try:
-        res["plot"] = str(L.plot_curves(aggs, Path(args.out) / "trees_strict.png", metric="strict"))
+        res["plot"] = rel(L.plot_curves(aggs, Path(args.out) / "trees_strict.png", metric="strict"))
     except Exception as e:          # a plot is a convenience; the figures above are the result
         res["plot_error"] = repr(e)
     return res
@@ -269,7 +260,7 @@ def search(args) -> dict:
                 dts[f].append((d.nfe, d.reward))
     bon_nfe, bon_r = (sum(v) / len(v) for v in zip(*bon))
     curve = [tuple(sum(v) / len(v) for v in zip(*dts[f])) for f in fracs]
-    reach = lib().nfe_to_reach(curve, bon_r)
+    reach = learning_lib.nfe_to_reach(curve, bon_r)
     return {"best_of_n": {"nfe": bon_nfe, "reward": bon_r},
             "dts_star": [{"budget_fraction": f, "nfe": n, "reward": r} for f, (n, r) in zip(fracs, curve)],
             "dts_nfe_to_bestofn": reach / bon_nfe if reach is not None else None,

@@ -30,7 +30,11 @@ def parse(argv):
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--grid", default=None, help="write an 8-column PNG grid of the first 64 samples here")
-    return ap.parse_args(argv)
+    ap.add_argument("--quick", action="store_true", help="check that it runs: 10 prompts, 4 steps")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.steps, args.batch = 10, 4, 10
+    return args
 
 
 @torch.no_grad()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from flowrl.bench.paths import rel
+
 AXES = ("palette ratio", "strict gain")
 PAGE_ROWS = 8          # write_grids' rows_per_page: a page holds 1 to 8 prompts
 
@@ -29,7 +31,7 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
         entry = {"point": [r["palette_ratio_mean"], r["gain_mean"]],
                  "gain": {AXES[0]: {"ci95": r["palette_ratio_se"]}, AXES[1]: {"ci95": r["gain_se"]}}}
         if name in betas:
-            entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # the plot font has no β
+            entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # ASCII, as the figures and JSON name it
         methods[name] = entry
     return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
 
@@ -77,7 +79,7 @@ def gallery_columns(raw: dict, base: str, guard: str | None,
     """(title, first grid page) of seed 0 for one base: the base model, then its unguarded, KL and ``guard``
     runs after training. Empty when one of them is in ``measured`` ("base/method" with results) but not in
     ``raw`` (carried from an earlier session), or a grid is not on disk: an incomplete gallery is not drawn, so
-    the earlier file's complete one is kept (``_hacking_carry.keep_plots``)."""
+    the earlier file's complete one is kept (``hacking_carry.keep_plots``)."""
     first = {k: v[0] for k, v in raw.items() if k.startswith(f"{base}/")}
     own_before = [r for r in first.values() if not r.get("before_cached")]
     columns = [("base model (before)", Path(own_before[0]["run_dir"]) / "eval/before/grid_000.png")] \
@@ -100,16 +102,16 @@ def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict,
     for base, betas in fronts.items():
         try:
             if len(betas) > 1 or (betas and guards[base]):          # a front of one point says nothing
-                out[f"{base}_front"] = str(lib.plot_reward_space(front_summary(results, base, betas, guards[base]),
+                out[f"{base}_front"] = rel(lib.plot_reward_space(front_summary(results, base, betas, guards[base]),
                                                                  where / f"hacking_{base}_front.png"))
             curves = {m: results[f"{base}/{m}"] for m in ["none", "kl", *guards[base]]
                       if "curve" in results.get(f"{base}/{m}", {})}
             if "none" in curves:                    # without the unguarded curve a plot has no reference line
-                out[f"{base}_palette"] = str(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
+                out[f"{base}_palette"] = rel(lib.plot_curves(curves, where / f"hacking_{base}_palette.png",
                                                              metric="palette", x="iteration"))
             columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1], set(results))
             if columns:
-                out[f"{base}_gallery"] = str(gallery(columns, where / f"hacking_{base}_gallery.png", cols=cols))
+                out[f"{base}_gallery"] = rel(gallery(columns, where / f"hacking_{base}_gallery.png", cols=cols))
         except Exception as e:
             out[f"{base}_error"] = repr(e)
     return out

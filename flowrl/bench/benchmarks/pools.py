@@ -4,7 +4,7 @@ naive candidate scaling buys, at a fraction of its rollout NFEs?
     python scripts/bench.py pools [--seeds 0,1,2] [--iterations 40] [--quick]
 
 Three DiffusionNFT runs per training seed on the shipped toy model, the same number of iterations, through the
-learning-benchmark library (``_learning_lib.py``: held-out strict accuracy, partial credit, palette distance
+learning-benchmark library (``learning_lib``: held-out strict accuracy, partial credit, palette distance
 and seed diversity, mean ± SE over seeds):
 
 - ``pool``:  ``configs/toy/pools/pool_nft.yaml`` — 32 candidates per prompt scored on x̂0 after 3 of 8 steps,
@@ -25,28 +25,19 @@ prompts) checks the script end to end in about two minutes, its figures are not 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from flowrl.bench import learning_lib
+from flowrl.bench.paths import REPO, rel
+
 METHODS = {  # name: (recipe, overrides)
     "pool": (REPO / "configs/toy/pools/pool_nft.yaml", []),
     "plain": (REPO / "configs/toy/nft.yaml", ["train.group_size=8"]),
     "naive": (REPO / "configs/toy/pools/naive_nft.yaml", []),
 }
-
-
-def lib():
-    """The learning-benchmark library, loaded by path under one shared module name."""
-    name = "flowrl_bench__learning_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_learning_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -105,7 +96,7 @@ def main(argv: list[str]) -> dict:
 
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    L = lib()
+    L = learning_lib
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = [f"run.threads={args.threads}"]
     if args.prompts_per_iter:      # micro-batches of 8 divide any whole number of 8-sample groups
@@ -140,7 +131,7 @@ def main(argv: list[str]) -> dict:
     res["targets"] = {"pool_nfe_ratio": "<= 0.6", "pool_strict_gap": "<= 0.01",
                       "pool_minus_plain_strict": ">= 0"}
     try:
-        res["plot"] = str(L.plot_curves(aggs, Path(args.out) / "pools_strict.png", metric="strict"))
+        res["plot"] = rel(L.plot_curves(aggs, Path(args.out) / "pools_strict.png", metric="strict"))
     except Exception as e:          # a plot is a convenience; the figures above are the result
         res["plot_error"] = repr(e)
     return res

@@ -1,7 +1,7 @@
 """Statistics of the learning benchmarks: mean ± standard error over seeds, the standard error of one evaluation
 (binomial, bootstrap over prompts), first-reach interpolation on curves, and ``aggregate`` over runs.
 
-Pure functions on numbers and the plain dicts ``_learning_lib.run_recipe`` returns; ``_learning_lib`` re-exports
+Pure functions on numbers and the plain dicts ``learning_lib.run_recipe`` returns; ``learning_lib`` re-exports
 them (load that module, not this one).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ held-out prompts × 12 seeds (1,080 images), 8-step Euler ODE, the same noise at
 evaluation is the same for every method and seed and is computed once. Reported per method: strict accuracy,
 partial credit, palette distance and seed diversity before and after (mean and SE over seeds), the gains, the
 detector means and drift alarms at the end, and curves against cumulative rollout NFEs, training NFEs and training
-wall time (definitions: ``_learning_lib.py``). ``eval_se`` is the standard error of one evaluation (binomial, and a
+wall time (definitions: ``learning_lib``). ``eval_se`` is the standard error of one evaluation (binomial, and a
 bootstrap over prompts); ``gain_eval_se`` the bootstrap SE of one run's paired after − before difference.
 
 ``nft_nfe_to_grpo_final`` (DiffusionNFT's "up to 25× fewer steps than Flow-GRPO", arXiv 2509.16117): GRPO's final
@@ -24,27 +24,17 @@ between evaluations; null when never reached, or reached before training). ``--p
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-LIB_NAME = "flowrl_bench__learning_lib"
+from flowrl.bench import learning_lib
+from flowrl.bench.paths import REPO, rel
+
 QUICK = {"iterations": 2, "eval_every": 1, "seeds": "0", "eval_prompts": 10, "eval_seeds": "0,1"}
 DETECT = "detect/"
 POINT_KEYS = ("rollout_nfe_mean", "train_nfe_mean", "wall_s_mean", "wall_s_se", "strict_mean", "strict_se",
               "partial_mean", "partial_se", "palette_mean", "palette_se", "diversity_mean", "diversity_se")
-
-
-def load_lib():
-    """``_learning_lib.py`` as one shared module (its "before" cache is process-wide)."""
-    if LIB_NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(LIB_NAME, HERE / "_learning_lib.py")
-        sys.modules[LIB_NAME] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[LIB_NAME])
-    return sys.modules[LIB_NAME]
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -153,7 +143,7 @@ def shared_before(runs: dict[str, list[dict]]) -> bool:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    lib = load_lib()
+    lib = learning_lib
     lib.CACHE.directory = Path(args.run_dir) / "before_cache"
     seeds, eval_seeds = int_list(args.seeds, "--seeds"), int_list(args.eval_seeds, "--eval-seeds")
     runs: dict[str, list[dict]] = {}
@@ -186,7 +176,7 @@ def main(argv: list[str]) -> dict:
     out = Path(args.out) if args.out else None
     if args.plot:
         stem = out.with_suffix("") if out is not None else Path(args.run_dir) / "learning"
-        result["plots"] = [str(lib.plot_curves(aggs, f"{stem}_{m}.png", metric=m)) for m in ("strict", "partial")]
+        result["plots"] = [rel(lib.plot_curves(aggs, f"{stem}_{m}.png", metric=m)) for m in ("strict", "partial")]
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")

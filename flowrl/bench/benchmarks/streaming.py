@@ -30,7 +30,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="take the fastest of this many runs of each path")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads (1: steady timings on a shared machine; 0: torch's default)")
-    return ap.parse_args(argv)
+    ap.add_argument("--quick", action="store_true", help="check that it runs: 1 layer, 6 frames of 8×8, once")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.layers, args.frames, args.latent, args.repeats = 1, 6, 8, 1
+    return args
 
 
 def build(args):

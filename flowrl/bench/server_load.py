@@ -13,7 +13,7 @@ Returns ``{"served", "sent", "resets", "refused", "faults"}``: valid requests an
 valid requests sent, valid requests that met a connection error (reset, refused, closed without a reply) or
 a client timeout, valid requests answered with an error status (e.g. 503 when every worker is busy and the
 queue is full), and faulty peers injected.  A healthy server has served == sent and resets == 0.
-``python scripts/benchmarks/_server_load.py [--connections 50 --rounds 5 --backlog 128]`` prints the dict.
+``python -m flowrl.bench.server_load [--connections 50 --rounds 5 --backlog 128]`` prints the dict.
 """
 from __future__ import annotations
 
@@ -26,10 +26,6 @@ import threading
 
 import numpy as np
 import torch
-
-from rewards import build_reward, make_input
-from rewards.server import RewardServer, ServerLimits
-from rewards.wire import encode_request
 
 TOKEN = "load-test-token"
 CLIENT_TIMEOUT_S = 60.0
@@ -112,7 +108,13 @@ def _round(address, body: bytes, connections: int, half_open: int, tally: dict) 
 
 def run_server_load(connections: int = 50, rounds: int = 5, half_open: int | None = None, backlog: int = 128,
                     workers: int = 32) -> dict[str, int]:
-    """Valid requests served vs sent (and connection errors) with faulty peers holding the server; see module doc."""
+    """Valid requests served vs sent (and connection errors) with faulty peers holding the server; see module doc.
+    The reward server is imported here: the ``flowrl`` package reaches ``rewards`` modules beyond the registry
+    only lazily (tests/test_layout.py)."""
+    from rewards import build_reward, make_input
+    from rewards.server import RewardServer, ServerLimits
+    from rewards.wire import encode_request
+
     if connections < 1 or rounds < 1:
         raise ValueError(f"connections and rounds must be >= 1, got {connections}, {rounds}")
     half_open = connections // 2 if half_open is None else half_open

@@ -5,12 +5,12 @@
 - ``kill_resume`` [ok, tries]: a tiny toy run (CPU, one thread, a checkpoint every iteration) is SIGKILLed
   ``--kills`` times at random points — during start-up, mid-iteration, mid-save — and resumed with
   ``scripts/train.py --resume`` after each kill; ok when its final checkpoint (adapters, EMA, optimizer state,
-  loop counters) is bitwise equal to an uninterrupted run's (``_faults.kill_resume_try``). ``kills`` counts
+  loop counters) is bitwise equal to an uninterrupted run's (``faults.kill_resume_try``). ``kills`` counts
   the kills that hit a live process.
-- ``bad_configs`` [clear, tries]: every mistake in ``_faults.BAD_CONFIGS`` (negative eps, group_size 1, bad
+- ``bad_configs`` [clear, tries]: every mistake in ``faults.BAD_CONFIGS`` (negative eps, group_size 1, bad
   resolution, GRPO with an ODE kernel, missing files, …) run through train.py's ``main``; clear when it exits
   1 with exactly one line naming the key, before the policy loads (``unclear`` lists any that are not).
-- ``server_load`` [served, sent]: ``_server_load.run_server_load`` — valid reward-server requests answered
+- ``server_load`` [served, sent]: ``server_load.run_server_load`` — valid reward-server requests answered
   while half-open, stalled and malformed peers hold the server (``server_faults`` of them).
 
 The last line printed is the JSON result. ``--quick`` (one kill-and-resume try with 2 kills, 10 connections ×
@@ -19,23 +19,11 @@ The last line printed is the JSON result. ``--quick`` (one kill-and-resume try w
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def library(name: str):
-    """A ``_name.py`` module of this directory, loaded by path (scripts/ is not a package)."""
-    key = f"flowrl_bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, HERE / f"{name}.py")
-        sys.modules[key] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[key])
-    return sys.modules[key]
+from flowrl.bench import faults, server_load
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -56,7 +44,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    faults = library("_faults")
     seconds = {}
     with tempfile.TemporaryDirectory(prefix="flowrl-reliability-") as tmp:
         out = Path(args.out or tmp)
@@ -67,7 +54,7 @@ def main(argv: list[str]) -> dict:
         kr = faults.tally_kill_resume(out / "kill_resume", args.tries, args.iterations, args.kills, args.seed)
         seconds["kill_resume"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    load = library("_server_load").run_server_load(connections=args.connections, rounds=args.rounds)
+    load = server_load.run_server_load(connections=args.connections, rounds=args.rounds)
     seconds["server_load"] = time.perf_counter() - t0
     return {"bench": "reliability", "quick": args.quick,
             "kill_resume": [kr["ok"], kr["tries"]], "kills": kr["kills"], "kill_failures": kr["failures"],

@@ -40,11 +40,12 @@ import json
 import math
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "gpu"
+from flowrl.bench.paths import REPO
+
+CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
            "wan": "wan21_t2v_1.3b_transformer.json"}
 # family: (height, width, frames, batch) at full scale / tiny scale
@@ -66,7 +67,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-streaming", action="store_true", help="skip the streaming generator")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="skip the parts not yet started once this many seconds have passed (default 420)")
+    ap.add_argument("--quick", action="store_true", help="check that it runs: tiny configs, 2 steps")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.scale, args.steps = "tiny", 2
     bad = sorted(set(args.families.split(",")) - set(CONFIGS))
     if bad:
         raise SystemExit(f"--families: unknown {bad}; choose from {sorted(CONFIGS)}")

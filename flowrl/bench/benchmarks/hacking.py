@@ -3,7 +3,7 @@
     python scripts/bench.py hacking [--iterations 60 | grpo=160,nft=100] [--seeds 0,1,2] [--methods none,kl]
                                     [--cached-only] [--carry PREVIOUS.json] [--plots DIR] [--quick]
 
-Runs (each on ``--seeds`` training seeds, the learning benchmark's budget: ``_learning_lib.run_recipe``, 60
+Runs (each on ``--seeds`` training seeds, the learning benchmark's budget: ``learning_lib.run_recipe``, 60
 iterations unless ``--iterations`` lengthens a base whose unguarded runs do not hack, the 90 held-out prompts ×
 3 evaluation seeds, before / after evaluations shared through its cache):
 
@@ -33,22 +33,23 @@ without hacking, with their names), ``targets`` (the benchmark's pass conditions
 (every method's means and standard errors over seeds, its per-run figures and its mean palette / strict curve),
 ``sweep``, ``dppo_vs_grpo``, ``not_run`` (methods left out by ``--methods`` or, with ``--cached-only``, not in the
 finished-run cache ``$FLOWRL_BENCH_RUN_CACHE``), ``code`` (the source digest the runs were trained under),
-``machine`` (``_learning_lib.machine``: where this process ran; a carried part's is under ``carried``),
+``machine`` (``learning_lib.machine``: where this process ran; a carried part's is under ``carried``),
 ``carried`` (with ``--carry``: the methods taken from a previous JSON measured under the same conditions and code,
-``_hacking_carry``; how a benchmark too long for one session is assembled) and ``plots`` (per base the
+``hacking_carry``; how a benchmark too long for one session is assembled) and ``plots`` (per base the
 gain-vs-palette scatter with the KL-β sweep, the palette-distance curves and the gallery of before / unguarded /
-KL / best-guard images: ``_hacking_figures``).
+KL / best-guard images: ``hacking_figures``).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from flowrl.bench import hacking_carry, hacking_figures, learning_lib
+from flowrl.bench.paths import REPO
+
 GUARDS = REPO / "configs" / "toy" / "guards"
 BASES = ("grpo", "nft")
 SWEEP = {"grpo": (0.004, 0.01, 0.04, 0.1), "nft": (1e-4, 1e-3, 1e-2, 1e-1)}
@@ -57,16 +58,6 @@ CLEAN_RATIO = 1.25          # a guard's palette distance target
 RETAIN = 0.9                # a guard's share of the unguarded strict gain target
 MIN_FRONT = 4               # KL-β values a front needs before a guard can be "beyond" it
 CURVE = ("iteration", "palette_mean", "palette_se", "strict_mean", "strict_se")   # kept per method, for the plots
-
-
-def learning_lib():
-    """``_learning_lib`` under the one module name every benchmark shares (its "before" cache)."""
-    name = "flowrl_bench__learning_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_learning_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def parse(argv):
@@ -81,7 +72,7 @@ def parse(argv):
     ap.add_argument("--cached-only", action="store_true", help="train nothing: report the methods whose every "
                     "seed is in $FLOWRL_BENCH_RUN_CACHE, list the others in not_run")
     ap.add_argument("--carry", type=Path, default=None, help="a previous hacking.json: its methods measured under "
-                    "this run's conditions and not run or cached now are kept (_hacking_carry)")
+                    "this run's conditions and not run or cached now are kept (flowrl.bench.hacking_carry)")
     ap.add_argument("--plots", default=None, help="directory for the plots and the gallery (default: --out)")
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all 90)")
     ap.add_argument("--eval-seeds", default="0,1,2")
@@ -361,8 +352,8 @@ def main(argv: list[str]) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-    lib = learning_lib()
-    carry = lib._sibling("_hacking_carry")
+    lib = learning_lib
+    carry = hacking_carry
     carried, provenance = carry.load(args.carry, args, lib.code_digest())
     bases = [b for b in args.bases.split(",") if b]
     results, raw, tables, sweeps, not_run = {}, {}, {}, {}, []
@@ -387,11 +378,11 @@ def main(argv: list[str]) -> dict:
 
 
 def figures(lib, args, bases: list[str], results: dict, raw: dict, tables: dict) -> dict:
-    """Per base the gain-vs-palette scatter, the palette curves and the gallery (``_hacking_figures.draw``)."""
+    """Per base the gain-vs-palette scatter, the palette curves and the gallery (``hacking_figures.draw``)."""
     fronts = {b: {m: beta for m, beta in kl_front(b, args).items() if f"{b}/{m}" in results} for b in bases}
     guards = {b: [g for g in guard_objectives(b) if f"{b}/{g}" in results] for b in bases}
     best = {b: best_guard({k: v for k, v in tables.items() if k.startswith(f"{b}/")}) for b in bases}
-    return lib._sibling("_hacking_figures").draw(lib, Path(args.plots or args.out), results, raw, fronts, guards,
+    return hacking_figures.draw(lib, Path(args.plots or args.out), results, raw, fronts, guards,
                                                  best, cols=len(args.eval_seeds.split(",")))
 
 

@@ -29,9 +29,7 @@ import time
 
 import torch
 
-if __name__ == "__main__":   # run as a file: keep this script (samplers.py) from shadowing the samplers package
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+from flowrl.bench.paths import REPO
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +46,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1: steady timings on a shared machine)")
     ap.add_argument("--no-memory", action="store_true", help="skip the subprocess peak-memory measurement")
     ap.add_argument("--measure", choices=["pipeline", "sde", "ode"], help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    ap.add_argument("--quick", action="store_true", help="check that it runs: 1 layer, 16×16 latents, 2 steps, once")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.layers, args.latent, args.steps, args.window, args.repeats = 1, 16, 2, 1, 1
+    return args
 
 
 def build(args):
@@ -147,9 +149,10 @@ def measure_peak(args) -> dict:
 
 
 def subprocess_peak(mode: str, argv: list[str]) -> dict:
-    cmd = [sys.executable, __file__, *argv, "--measure", mode]
+    cmd = [sys.executable, "-m", "flowrl.bench.benchmarks.samplers", *argv, "--measure", mode]  # a fresh process
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                         env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

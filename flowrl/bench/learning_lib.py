@@ -1,17 +1,10 @@
 """Shared machinery of the learning benchmarks: train a recipe once per seed with a fixed held-out evaluation,
 aggregate over seeds (mean ± standard error), compare NFE budgets, plot curves.
 
-Used by ``learning.py`` and by the trees / pools / balancers / hacking benchmarks. ``scripts/benchmarks`` is not a
-package: load this file by path under one module name, so every user shares one "before" cache::
+Used by the learning benchmark and by the trees / pools / balancers / hacking benchmarks; one module, so every
+user in a process shares one "before" cache::
 
-    import importlib.util, sys
-    from pathlib import Path
-    name = "flowrl_bench__learning_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_learning_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    lib = sys.modules[name]
+    from flowrl.bench import learning_lib as lib
 
     runs = [lib.run_recipe("nft", seed=s, iterations=60, eval_every=20, eval_seeds=range(12),
                            out_dir="runs/bench_x", name=f"nft_s{s}") for s in (0, 1, 2)]
@@ -19,7 +12,7 @@ package: load this file by path under one module name, so every user shares one 
     lib.nfe_to_reach(agg["curve"], 0.35)           # rollout NFEs at which the mean strict curve first reaches 0.35
     lib.plot_curves({"nft": agg}, "curves_strict.png", metric="strict")
 
-The statistics live in ``_learning_stats.py`` and the drawing in ``_learning_plot.py``; this module re-exports
+The statistics live in ``learning_stats`` and the drawing in ``learning_plot``; this module re-exports
 them (``mean_se``, ``binomial_se``, ``bootstrap_se``, ``nfe_to_reach``, ``nfe_ratio``, ``aggregate``, ``plot_curves``,
 ``plot_reward_space``).
 
@@ -55,24 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from flowrl.bench import learning_stats as _stats
+from flowrl.bench.paths import REPO, rel
+
 ALIASES = {"strict": "shapes/strict", "partial": "shapes/partial", "palette": "palette_distance",
            "diversity": "diversity"}
 
-
-def _sibling(stem: str):
-    """The module ``<stem>.py`` beside this file, loaded once per process under ``flowrl_bench_<stem>``."""
-    import importlib.util
-
-    name = f"flowrl_bench_{stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_stats = _sibling("_learning_stats")
 PER_PROMPT, BOOTSTRAP_REPS, COUNTERS = _stats.PER_PROMPT, _stats.BOOTSTRAP_REPS, _stats.COUNTERS
 finite, mean_se, binomial_se, bootstrap_se = _stats.finite, _stats.mean_se, _stats.binomial_se, _stats.bootstrap_se
 nfe_to_reach, nfe_ratio, aggregate = _stats.nfe_to_reach, _stats.nfe_ratio, _stats.aggregate
@@ -125,18 +106,33 @@ def run_cache() -> BeforeCache | None:
     return BeforeCache(directory) if directory else None
 
 
-@functools.cache
-def code_digest(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> str:
-    """sha256 of the Python sources under ``roots`` and of the names and sizes of the other files beside them
-    (shipped weights): a change to either invalidates cached evaluations. Computed once per process, as the
-    process runs the code it imported then, whatever is edited on disk later."""
-    h = hashlib.sha256()
+LAB = "flowrl/bench"                             # the lab's own code: a run depends on this file only
+LAB_RUN_FILES = ("flowrl/bench/learning_lib.py",)  # (how a recipe is trained, counted and evaluated)
+
+
+def digested_files(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> list[Path]:
+    """The files that affect a run, as ``code_digest`` reads them: everything under ``roots`` but the lab
+    (``flowrl/bench``: benchmarks, statistics, plots, carrying), plus the lab's ``LAB_RUN_FILES``."""
+    out = []
     for root in roots:
         for path in sorted((REPO / root).rglob("*")):
-            if not path.is_file() or "__pycache__" in path.parts:
+            name = path.relative_to(REPO).as_posix()
+            if not path.is_file() or "__pycache__" in path.parts or (name + "/").startswith(LAB + "/"):
                 continue
-            h.update(str(path.relative_to(REPO)).encode())
-            h.update(path.read_bytes() if path.suffix == ".py" else str(path.stat().st_size).encode())
+            out.append(path)
+    return out + [REPO / f for f in LAB_RUN_FILES]
+
+
+@functools.cache
+def code_digest(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> str:
+    """sha256 of the Python sources of ``digested_files(roots)`` and of the names and sizes of the other files
+    beside them (shipped weights), each named by its path relative to the repository root: a change to either
+    invalidates cached evaluations and finished runs. Computed once per process, as the process runs the code it
+    imported then, whatever is edited on disk later."""
+    h = hashlib.sha256()
+    for path in digested_files(roots):
+        h.update(path.relative_to(REPO).as_posix().encode())
+        h.update(path.read_bytes() if path.suffix == ".py" else str(path.stat().st_size).encode())
     return h.hexdigest()
 
 
@@ -337,7 +333,7 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
     last, n_prompts = points[-1]["iteration"], len(trainer.parts.eval_prompts.fixed(cfg.eval.num_prompts))
     gain_se = {m: bootstrap_se(np.subtract(per_prompt[last][m], per_prompt[0][m]))
                for m in PER_PROMPT if m in per_prompt[last] and m in per_prompt[0]}
-    result = {"recipe": str(path), "name": name, "seed": seed, "run_dir": str(cfg.run_dir), "eval_prompts": n_prompts,
+    result = {"recipe": rel(path), "name": name, "seed": seed, "run_dir": str(cfg.run_dir), "eval_prompts": n_prompts,
               "eval_seeds": seeds, "eval_images": n_prompts * len(seeds), "curve": points, "before": points[0],
               "after": points[-1], "before_key": key if shared else None, "before_cached": cached is not None,
               "gain_se_eval": gain_se, "rollout_nfe_counted": recorder.rollout_rows}
@@ -358,12 +354,16 @@ def clear_run_dir(run_dir: Path) -> None:
 
 def plot_curves(methods: dict, path: str | Path, metric: str = "strict", x: str = "rollout_nfe") -> Path:
     """PNG of ``metric`` against ``x``: per method (name → ``aggregate`` result) the mean curve and a ± SE band.
-    Drawn with PIL (``_learning_plot.py``)."""
-    return _sibling("_learning_plot").plot_curves(methods, path, metric=metric, x=x)
+    Drawn with matplotlib (``learning_plot``, the ``plots`` extra)."""
+    from flowrl.bench import learning_plot
+
+    return learning_plot.plot_curves(methods, path, metric=metric, x=x)
 
 
 def plot_reward_space(summary: dict, path: str | Path) -> Path:
     """PNG of a balancer-benchmark set in reward space: one panel per reward pair, a point ± 95 % interval per
-    method. Drawn with PIL (``_learning_plot.py``)."""
-    return _sibling("_learning_plot").plot_reward_space(summary, path)
+    method. Drawn with matplotlib (``learning_plot``, the ``plots`` extra)."""
+    from flowrl.bench import learning_plot
+
+    return learning_plot.plot_reward_space(summary, path)
 

@@ -1,0 +1,1 @@
+"""One module a benchmark, each exposing ``main(argv: list[str]) -> dict`` (``python scripts/bench.py NAME``)."""
