@@ -62,7 +62,7 @@ class Setup:
         from flowrl.data.prompts import load_prompts
         from flowrl.policies.toy import ToyPolicy
         from rewards import RewardSet
-        from samplers.rng import sample_generator
+        from samplers.engine import SampleSpec, SamplingEngine
 
         self.args = args
         self.policy = ToyPolicy.from_pretrained(dtype=torch.float32)
@@ -70,9 +70,14 @@ class Setup:
         self.rewards = RewardSet({"shapes": 1.0})
         n, s = len(self.items), args.seeds
         self.rows = [(p, j) for p in range(n) for j in range(s)]
-        gens = [sample_generator(7, 0, p, j) for p, j in self.rows]
-        self.x1 = self.policy.noise(gens, 32, 32)
-        self.cond = self.policy.encode([self.items[p][0] for p, _ in self.rows], cfg=False)
+        self.engine = SamplingEngine(self.policy, SampleSpec(args.steps, 32, 32, chunk=args.batch))
+        self.x1 = self.engine.noise(self.generators())
+
+    def generators(self) -> list:
+        """Fresh generators of every candidate row (p, j): ``sample_generator(7, 0, p, j)``."""
+        from samplers.rng import sample_generator
+
+        return [sample_generator(7, 0, p, j) for p, j in self.rows]
 
     def reward(self, latents: torch.Tensor) -> torch.Tensor:
         """(P, S) verifier partial credit of candidate-ordered latents."""
@@ -85,24 +90,22 @@ class Setup:
         return out.total.float().view(len(self.items), self.args.seeds)
 
     def ode(self, steps: int, record: bool = False):
-        """Euler ODE of every candidate in batches: final latents and, with ``record``, x̂0 at every step."""
-        from samplers.rollout import rollout
+        """Euler ODE of every candidate (the sampling engine, chunks of ``--batch``): final latents and, with
+        ``record``, x̂0 = x − σ·v at every step."""
+        seen: dict[int, list] = {}
 
-        b, finals, x0_at = self.args.batch, [], []
-        for a in range(0, len(self.rows), b):
-            cond, seen = self.cond.select(list(range(a, min(len(self.rows), a + b)))), []
-
-            def vf(x, sig, cond=cond, seen=seen):
-                v = self.policy.velocity(x, sig, cond, 1.0)
+        def wrap(chunk, velocity_fn):
+            def recorded(x, sig):
+                v = velocity_fn(x, sig)
                 if record:
-                    seen.append(x.float() - sig.view(-1, 1, 1, 1) * v.float())       # x̂0 = x − σ·v
+                    seen.setdefault(chunk.start, []).append(x.float() - sig.view(-1, 1, 1, 1) * v.float())
                 return v
+            return recorded
 
-            x1 = self.x1[a:a + b]
-            finals.append(rollout(vf, x1, self.policy.sigmas(steps, x1), None, "ode").latents)
-            x0_at.append(seen)
-        exits = [torch.cat([chunk[k] for chunk in x0_at]) for k in range(steps)] if record else []
-        return torch.cat(finals), exits
+        prompts = [self.items[p][0] for p, _ in self.rows]
+        out = self.engine.ode(steps).sample(prompts, self.generators(), wrap=wrap)
+        exits = [torch.cat([seen[a][k] for a in sorted(seen)]) for k in range(steps)] if record else []
+        return out.result.latents, exits
 
 
 def metrics(scout: torch.Tensor, ref: torch.Tensor, keep: int, forwards: int) -> dict:

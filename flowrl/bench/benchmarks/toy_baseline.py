@@ -42,18 +42,12 @@ def sample_pixels(policy, prompts: list[str], steps: int, guidance: float, seed:
                   offset: int = 0) -> torch.Tensor:
     """Pixels (N, 3, 32, 32) in [0, 1] of one deterministic ODE sample per prompt (noise of row i from
     ``sample_generator(seed, 0, offset + i, 0)``)."""
+    from samplers.engine import SampleSpec, SamplingEngine
     from samplers.rng import sample_generator
-    from samplers.rollout import rollout
 
-    out = []
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start:start + batch]
-        gens = [sample_generator(seed, 0, offset + start + i, 0) for i in range(len(chunk))]
-        cond = policy.encode(chunk, cfg=guidance > 1.0)
-        x1 = policy.noise(gens, 32, 32)
-        res = rollout(lambda x, s, c=cond: policy.velocity(x, s, c, guidance), x1, policy.sigmas(steps, x1))
-        out.append(policy.decode(res.latents))
-    return torch.cat(out)
+    engine = SamplingEngine(policy, SampleSpec(steps, 32, 32, guidance=guidance, chunk=batch))
+    gens = [sample_generator(seed, 0, offset + i, 0) for i in range(len(prompts))]
+    return engine.sample(prompts, gens, decode=True).pixels
 
 
 def save_grid(pixels: torch.Tensor, path: str, cols: int = 8, scale: int = 4) -> None:

@@ -93,9 +93,8 @@ def engine(args) -> dict:
 
     from samplers import KERNELS
     from samplers import tree_spec as ts
+    from samplers.engine import SampleSpec, SamplingEngine
     from samplers.rng import sample_generator
-    from samplers.rollout import rollout
-    from samplers.tree import tree_rollout
     from samplers.windows import AllSteps
 
     policy, items = toy_setup(args.prompts)
@@ -104,29 +103,17 @@ def engine(args) -> dict:
     kcfg, steps, mb = kern.Config(noise_level=0.7), 8, args.micro_batch
     plan = AllSteps(skip_last=True).plan(0, steps)
     branch = ts.FixedSplits((0, 2, 4)).plan(0, steps)
-    cond = policy.encode(prompts, cfg=False)
-    flat_cond = cond.repeat_interleave(args.group)
+    eng = SamplingEngine(policy, SampleSpec(steps, 32, 32, kernel=kern, kernel_cfg=kcfg, store=True, chunk=mb))
 
     def flat():
         n = len(prompts) * args.group
         gens = [sample_generator(0, 0, r // args.group, r % args.group) for r in range(n)]
-        x1 = policy.noise(gens, 32, 32)
-        sig = policy.sigmas(steps, x1)
-        nfe = 0
-        for a in range(0, n, mb):
-            c = flat_cond.select(list(range(a, min(n, a + mb))))
-            res = rollout(lambda x, s, c=c: policy.velocity(x, s, c, 1.0), x1[a:a + mb], sig, plan, kern,
-                          kcfg, gens[a:a + mb])
-            nfe += res.nfe * res.latents.shape[0]
-        return nfe
+        res = eng.sample([prompts[r // args.group] for r in range(n)], gens, plan).result
+        return res.nfe * n
 
     def tree():
         gens = [sample_generator(0, 0, p, 0) for p in range(len(prompts))]
-        x1 = policy.noise(gens, 32, 32)
-        t = tree_rollout(lambda x, s, r: policy.velocity(x, s, cond.select(r), 1.0), x1,
-                         policy.sigmas(steps, x1), plan, branch, kernel=kern, kernel_cfg=kcfg,
-                         generators=gens, max_batch=mb)
-        return t.forwards
+        return eng.grow(prompts, gens, plan, branch)[1].forwards
 
     best = {"flat": math.inf, "tree": math.inf}
     nfe = {}
@@ -228,21 +215,22 @@ def search(args) -> dict:
     from rewards.base import make_input
     from samplers import KERNELS
     from samplers import search as S
+    from samplers.engine import SampleSpec, SamplingEngine
 
     policy, items = toy_setup(args.search_prompts, "shapes:heldout")
     rewards = RewardSet({"shapes": 1.0})
     kern = KERNELS.get("flow_sde")
     kcfg, steps, budget = kern.Config(noise_level=0.7), 8, args.search_budget
+    eng = SamplingEngine(policy, SampleSpec(steps, 32, 32))
     fracs = (0.125, 0.25, 0.5, 1.0)
     bon, dts = [], {f: [] for f in fracs}
     for p, (prompt, meta) in enumerate(items):
-        cond = policy.encode([prompt], cfg=False)
+        cond = eng.encode([prompt])
 
         def velocity(x, sigma, cond=cond):
             return policy.velocity(x, sigma, cond.select([0] * x.shape[0]), 1.0)
 
-        def noise(gens):
-            return policy.noise(gens, 32, 32)
+        noise = eng.noise
 
         def reward(latents, prompt=prompt, meta=meta):
             pix = policy.decode(latents).float().clamp(0, 1)
@@ -250,7 +238,7 @@ def search(args) -> dict:
             out = rewards(make_input(pix, [prompt] * n, torch.zeros(n, dtype=torch.long), [dict(meta)] * n))
             return torch.nan_to_num(out.total, nan=float("-inf"))
 
-        sig = policy.sigmas(steps, noise([torch.Generator()]))
+        sig = eng.sigmas(noise([torch.Generator()]))
         with torch.no_grad():
             r = S.best_of_n(velocity, noise, sig, reward, budget, seed=p)
             bon.append((r.nfe, r.reward))
