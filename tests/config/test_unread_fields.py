@@ -43,8 +43,8 @@ CONDITIONAL = [
 ]
 FAMILY_OVERRIDES = {
     "toy": [],
-    "sd3": ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"],
-    "flux": ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"],
+    "sd3": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
+    "flux": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
 }
 

@@ -1,4 +1,7 @@
-"""Shared helpers for the trainer tests."""
+"""Shared helpers for the trainer tests, and the hook that starts test_fsdp.py's launches early."""
+import sys
+from pathlib import Path
+
 
 def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iterations: int = 2) -> list[str]:
     """A tiny toy-world run: 2 prompts × 2 samples, 3 steps, eval on 2 held-out prompts."""
@@ -15,3 +18,19 @@ def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iteratio
         f"run.output_dir={tmp_path}", f"run.name={name}", "log.progress=false", "checkpoint.every=1",
         "checkpoint.keep=5",
     ]
+
+
+
+def pytest_collection_finish(session):
+    """Start test_fsdp.py's launches in the background when a test of it is selected (fsdp_runs.py)."""
+    if session.config.option.collectonly or not any(item.path.name == "test_fsdp.py" for item in session.items):
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fsdp_runs
+
+    fsdp_runs.start(session.config._tmp_path_factory.mktemp("fsdp"))
+
+
+def pytest_sessionfinish(session):
+    if "fsdp_runs" in sys.modules:
+        sys.modules["fsdp_runs"].finish()

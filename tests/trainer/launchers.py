@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 def cpu_env() -> dict:
-    """One thread a process, no CUDA, gloo on the loopback interface (no host-name lookup)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    """One thread a process, no CUDA, gloo on the loopback interface (no host-name lookup); this checkout first
+    on the path, so a launched script imports the code under test, not another checkout's editable install."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
     if Path("/sys/class/net/lo").exists():
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env

@@ -45,8 +45,8 @@ def test_toy_objective_end_to_end(tmp_path, objective):
 
 
 TINY = {  # family: (objective, kernel, extra overrides)
-    "sd3": ("grpo", "flow_sde", ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32"]),
-    "flux": ("nft", "ode", ["policy.max_sequence_length=8", "sampler.height=32", "sampler.width=32",
+    "sd3": ("grpo", "flow_sde", ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"]),
+    "flux": ("nft", "ode", ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16",
                             "objective.timesteps.fraction=0.5"]),
     "wan": ("awr", "ode", ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16",
                            "objective.timesteps.fraction=0.5",

@@ -2,8 +2,9 @@
 ``fsdp_worker.py``, compared with the same runs unsharded on two processes and on one.
 
 One torchrun launch runs every two-process case in one process group (fixture ``runs``); the one-process cases
-run here before (``grpo_one``, whose checkpoint a sharded run resumes) and after it (``grpo_one_from_fsdp``,
-a sharded run's checkpoint resumed on one process).
+run before (``grpo_one``, whose checkpoint a sharded run resumes) and after it (``grpo_one_from_fsdp``,
+a sharded run's checkpoint resumed on one process). The launches start in the background once collection has
+selected a test here (fsdp_runs.py), so they overlap the rest of the suite.
 """
 import sys
 from pathlib import Path
@@ -12,23 +13,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import fsdp_worker  # noqa: E402
-from launchers import torchrun  # noqa: E402
-
-WORKER = Path(__file__).with_name("fsdp_worker.py")
-TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_each_pass", "grpo_fsdp_resumed", "grpo_fsdp_from_one",
-                     "nft_full_fsdp",
-                     "nft_full_ddp", "nft_full_fsdp_resumed", "uneven_fsdp", "uneven_ddp", "nan_loss_fsdp",
-                     "bf16_fsdp", "fp32_fsdp"]
+import fsdp_runs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    fsdp_worker.run_case(out, "grpo_one")
-    torchrun(str(WORKER), str(out), *TWO_PROCESS_CASES)
-    fsdp_worker.run_case(out, "grpo_one_from_fsdp")
-    return out
+    return fsdp_runs.wait(tmp_path_factory)
 
 
 def load(out: Path, case: str, rank: int = 0) -> dict:

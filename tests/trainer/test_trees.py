@@ -175,9 +175,10 @@ def test_toy_tree_recipes_run(tmp_path, recipe):
 # family: (recipe, extra overrides); the real-model recipes keep their splits 0, 3, 6, 9 on 10 steps
 FAMILIES = {
     "sd3": ("configs/sd35/branchgrpo_hpsv2.yaml", [
-        "policy.max_sequence_length=8", "sampler.steps=10",
+        "policy.max_sequence_length=8", "sampler.steps=10", "sampler.height=16", "sampler.width=16",
         "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}"]),
     "flux": ("configs/flux/branchgrpo_hpsv2.yaml", ["policy.max_sequence_length=8", "sampler.steps=10",
+                                                     "sampler.height=16", "sampler.width=16",
                                                      "policy.gradient_checkpointing=false"]),
     "wan": ("configs/toy/trees/branchgrpo.yaml", [
         "policy.kind=wan", "policy.max_sequence_length=8", "train.micro_batch=4", "sampler.chunk=4",
