@@ -1,0 +1,64 @@
+"""Run by test_fsdp_dcp.py, under torchrun (2 CPU processes, gloo) or alone: ``fsdp_worker``'s runs plus the cases
+of sharded (DCP) checkpoints. ``*_full`` cases save with ``layout="full"`` (a sharded run gathering full tensors
+onto the main process, the checkpoint format before DCP), so each DCP result has a full-gather twin.
+
+    python -m torch.distributed.run --nproc_per_node 2 dcp_worker.py OUT grpo_fsdp grpo_fsdp_full ...
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fsdp_worker  # noqa: E402
+import torch  # noqa: E402
+from fsdp_worker import barrier, cut_copy, is_main  # noqa: E402
+
+import flowrl.training.trainer as trainer_module  # noqa: E402
+from flowrl.checkpoint.resume import save_run  # noqa: E402
+from flowrl.config import load_resolved  # noqa: E402
+
+fsdp_worker.CASES["grpo_fsdp_full"] = lambda out: fsdp_worker.grpo(out, "grpo_fsdp_full") + fsdp_worker.SHARDED
+# one process resuming iteration 1 of a sharded run: from its DCP checkpoint / from its full-gather twin's
+fsdp_worker.RESUMED["grpo_one_from_fsdp_full"] = ("grpo_fsdp_full", False)
+DAMAGED = "grpo_fsdp_damaged"          # grpo_fsdp resumed with rank 0's shard of its last checkpoint corrupted
+
+
+def damaged_copy(out: Path) -> Path:
+    """``out/grpo_fsdp_damaged``: run grpo_fsdp with one byte of ``dcp/__0_0.distcp`` of its newest checkpoint
+    flipped (same size: only its sha256 tells, which process 1 checks), so resuming must pass over it."""
+    dst = out / DAMAGED
+    if is_main():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(out / "grpo_fsdp", dst)
+        shard = max((dst / "checkpoints").glob("step_*")) / "dcp" / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    barrier()
+    return dst
+
+
+def run_case(out: Path, case: str) -> None:
+    layout = "full" if case.endswith("_full") else "auto"
+    trainer_module.save_run = functools.partial(save_run, layout=layout)
+    if case == DAMAGED:
+        original, fsdp_worker.config_of = fsdp_worker.config_of, lambda out, case: load_resolved(
+            damaged_copy(out), ["run.resume=true"])
+        try:
+            fsdp_worker.run_case(out, case)
+        finally:
+            fsdp_worker.config_of = original
+    else:
+        fsdp_worker.run_case(out, case)
+
+
+__all__ = ["cut_copy", "run_case"]
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    out_dir = Path(sys.argv[1])
+    for name in sys.argv[2:]:
+        run_case(out_dir, name)
