@@ -51,15 +51,26 @@ class RunState:
     sharding: Any = None               # flowrl.distributed.fsdp.Sharding of a sharded (FSDP) run
 
 
-def save_run(run_dir: Path, s: RunState, keep: int, dist, layout: str = "auto") -> Path | None:
+_PENDING: list = []          # the asynchronous sharded save in flight (flowrl.checkpoint.sharded.PendingSave)
+
+
+def save_run(run_dir: Path, s: RunState, keep: int, dist, layout: str = "auto", async_save: bool = False
+             ) -> Path | None:
     """Write a checkpoint of the current iteration, then wait for every process; its path on the main process.
     ``layout`` "auto": a sharded run writes a sharded (DCP) checkpoint, each process its own chunks
     (``save_sharded``), an unsharded run the full one; "full": a sharded run gathers full tensors first, every
-    process taking part, and the main process writes the checkpoint one process writes."""
+    process taking part, and the main process writes the checkpoint one process writes. ``async_save`` (sharded
+    only): the shards are written while training goes on; the checkpoint is completed at the next save or by
+    ``finish_saves`` (returns the previous checkpoint's path, None for the first)."""
     if layout not in ("auto", "full"):
         raise ValueError(f"checkpoint layout must be 'auto' or 'full', got {layout!r}")
+    previous = finish_saves()
     if s.sharding is not None and layout == "auto":
-        return save_sharded(run_dir, s, keep)
+        saved = save_sharded(run_dir, s, keep, async_save)
+        if async_save:
+            _PENDING.append(saved)
+            return previous
+        return saved
     path = None
     if dist.is_main or s.sharding is not None:
         tensors, extra = snapshot(s, keep=dist.is_main)
@@ -70,13 +81,19 @@ def save_run(run_dir: Path, s: RunState, keep: int, dist, layout: str = "auto") 
     return path
 
 
+def finish_saves() -> Path | None:
+    """Complete the asynchronous save in flight, if any (every process; at the next save and at the end of a
+    run); its checkpoint's path on the main process."""
+    return _PENDING.pop().finish() if _PENDING else None
+
+
 def small_state(s: RunState) -> dict:
     """What every checkpoint holds besides tensors: loop counters, balancer, objective, window, RNG."""
     return {"loop": s.loop.as_dict(), "balancer": dict(s.balancer_state), "objective": dict(s.objective_state),
             "window": s.window.state_dict(), "rng": capture_rng_state()}
 
 
-def save_sharded(run_dir: Path, s: RunState, keep: int) -> Path | None:
+def save_sharded(run_dir: Path, s: RunState, keep: int, asynchronous: bool = False):
     """A sharded run's checkpoint (``flowrl.checkpoint.sharded``): the weight sets, EMA shadow and optimizer
     moments as each process's DTensor chunks, no gather; the small state from the main process, with every
     process's RNG states (``rng_ranks``) and the optimizer's parameter names and param_groups."""
@@ -91,7 +108,7 @@ def save_sharded(run_dir: Path, s: RunState, keep: int) -> Path | None:
     if s.ema is not None:
         state["ema"] = {k: v for k, v in s.ema.state_dict().items() if k != "shadow"}
         tensors["ema"] = {f"{i:05d}": t for i, t in enumerate(s.ema.shadow)}
-    return sharded.save(run_dir, s.loop.iteration, tensors, state, keep_last=keep)
+    return sharded.save(run_dir, s.loop.iteration, tensors, state, keep_last=keep, asynchronous=asynchronous)
 
 
 def snapshot(s: RunState, keep: bool = True) -> tuple[dict, dict]:

@@ -12,6 +12,10 @@ into it (DCP fsyncs each file), each process hashes the files it wrote (so no pr
 main process writes state.pt and the manifest, then renames the directory into place. Processes agree on every
 failure (``_agree``), so no process waits in a collective another has left.
 
+Asynchronous (``save(asynchronous=True)``): the tensors are copied to CPU memory, written in a thread while
+training goes on, and the checkpoint is completed (hashes, manifest, rename) by ``PendingSave.finish`` — at the
+next save or at the end of the run (``resume.finish_saves``); a crash before that leaves only a ``.tmp-``.
+
 Reading: ``load_into`` fills a state dict of DTensors (any process count: DCP's planner reads the chunks each
 process needs, the resharding) or plain tensors; ``full_state`` rebuilds whole tensors on one process without a
 process group (the 2 → 1 direction, the converter ``to_single_file``).
@@ -63,10 +67,14 @@ def _hashes(folder: Path, names: list[str], prefix: str = "") -> dict:
     return {prefix + n: {"bytes": (folder / n).stat().st_size, "sha256": store._sha256(folder / n)} for n in names}
 
 
-def save(run_dir: str | Path, step: int, tensors: dict, state: dict, keep_last: int | None = 3) -> Path | None:
+def save(run_dir: str | Path, step: int, tensors: dict, state: dict, keep_last: int | None = 3,
+         asynchronous: bool = False) -> Path | None | PendingSave:
     """Write sharded checkpoint ``step`` (every process calls it; a collective); its directory on the main process,
     None on the others. ``tensors``: group → nested dict of DTensors / tensors (DCP keys: the dotted path);
-    ``state``: the main process's weights_only-safe small state."""
+    ``state``: the main process's weights_only-safe small state. ``asynchronous``: DCP copies the tensors to
+    CPU memory and writes them in a thread (``dcp.async_save`` on its own gloo group); the returned
+    ``PendingSave``'s ``finish()`` (every process) waits for the files, then hashes, writes the manifest and
+    renames — until then the checkpoint does not exist."""
     import torch.distributed.checkpoint as dcp
 
     rank, world = rank_world()
@@ -83,27 +91,70 @@ def save(run_dir: str | Path, step: int, tensors: dict, state: dict, keep_last: 
         except (CheckpointError, OSError) as e:
             error = f"cannot start checkpoint {final}: {e}"
     _agree(error)
+    pending = PendingSave(Path(run_dir), tmp, final, step, sorted(tensors), state, keep_last)
     try:
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp / DCP_DIR))
-        mine = sorted(n for n in os.listdir(tmp / DCP_DIR) if n.startswith(f"__{rank}_"))
-        files = {k: v for part in all_gather(_hashes(tmp / DCP_DIR, mine, f"{DCP_DIR}/")) for k, v in part.items()}
-        error = None
-        if rank == 0:
-            try:
-                _finish(tmp, final, step, sorted(tensors), state, files, world)
-            except (CheckpointError, OSError) as e:
-                error = f"checkpoint {final}: {e}"
-        _agree(error)
+        writer = dcp.FileSystemWriter(tmp / DCP_DIR)
+        if asynchronous:
+            pending.future = dcp.async_save(tensors, storage_writer=writer, process_group=_save_group())
+            return pending
+        dcp.save(tensors, storage_writer=writer)
     except BaseException:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        pending.discard()
         raise
-    if rank != 0:
+    return pending.finish()
+
+
+_SAVE_GROUP: list = []
+
+
+def _save_group():
+    """A gloo group for the asynchronous saves' collectives, apart from training's (made once, collectively)."""
+    rank, world = rank_world()
+    if world == 1:
         return None
-    if keep_last is not None:
-        for _, old in store.list_checkpoints(run_dir)[:-keep_last]:
-            store._remove_dir(old)
-    return final
+    if not _SAVE_GROUP:
+        _SAVE_GROUP.append(torch.distributed.new_group(backend="gloo"))
+    return _SAVE_GROUP[0]
+
+
+class PendingSave:
+    """A sharded save whose shards are (being) written into its ``.tmp-`` directory; ``finish`` completes it."""
+
+    def __init__(self, run_dir: Path, tmp: Path, final: Path, step: int, groups: list, state: dict,
+                 keep_last: int | None):
+        self.run_dir, self.tmp, self.final, self.step = run_dir, tmp, final, step
+        self.groups, self.state, self.keep_last, self.future = groups, state, keep_last, None
+
+    def discard(self) -> None:
+        if rank_world()[0] == 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def finish(self) -> Path | None:
+        """Every process: wait for the shards, hash its own, then the main process writes state.pt and the
+        manifest and renames the directory into place; the checkpoint's path on the main process."""
+        rank, world = rank_world()
+        try:
+            if self.future is not None:
+                self.future.result()
+            mine = sorted(n for n in os.listdir(self.tmp / DCP_DIR) if n.startswith(f"__{rank}_"))
+            files = {k: v for part in all_gather(_hashes(self.tmp / DCP_DIR, mine, f"{DCP_DIR}/")) for k, v in
+                     part.items()}
+            error = None
+            if rank == 0:
+                try:
+                    _finish(self.tmp, self.final, self.step, self.groups, self.state, files, world)
+                except (CheckpointError, OSError) as e:
+                    error = f"checkpoint {self.final}: {e}"
+            _agree(error)
+        except BaseException:
+            self.discard()
+            raise
+        if rank != 0:
+            return None
+        if self.keep_last is not None:
+            for _, old in store.list_checkpoints(self.run_dir)[:-self.keep_last]:
+                store._remove_dir(old)
+        return self.final
 
 
 def _finish(tmp: Path, final: Path, step: int, groups: list, state: dict, files: dict, world: int) -> None:

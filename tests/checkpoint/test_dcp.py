@@ -99,3 +99,19 @@ def test_unsafe_state_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(CheckpointError, match=r"cannot start checkpoint .*numpy"):
         sharded.save(tmp_path, 1, tensors(), {"bad": np.zeros(2)})
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_an_asynchronous_save_exists_only_once_finished_and_holds_the_state_it_was_given(tmp_path):
+    """``asynchronous=True``: the tensors are copied before ``save`` returns (training may change them), the
+    checkpoint appears only after ``finish`` (hashes, manifest, rename), and it reads back as given."""
+    given = tensors()
+    want = {n: t.clone() for n, t in given["train"].items()}
+    with pytest.warns(UserWarning):
+        pending = sharded.save(tmp_path, 7, given, STATE, keep_last=None, asynchronous=True)
+        for t in given["train"].values():
+            t.add_(1.0)                                     # training goes on
+        assert list_checkpoints(tmp_path) == []
+        path = pending.finish()
+    assert list_checkpoints(tmp_path) == [(7, path)] and read_manifest(path)["layout"] == "dcp"
+    got, _ = load_checkpoint(path)
+    assert all(torch.equal(got["train"][n], want[n]) for n in NAMES)

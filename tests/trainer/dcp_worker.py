@@ -1,6 +1,7 @@
 """Run by test_fsdp_dcp.py, under torchrun (2 CPU processes, gloo) or alone: ``fsdp_worker``'s runs plus the cases
 of sharded (DCP) checkpoints. ``*_full`` cases save with ``layout="full"`` (a sharded run gathering full tensors
-onto the main process, the checkpoint format before DCP), so each DCP result has a full-gather twin.
+onto the main process, the checkpoint format before DCP), so each DCP result has a full-gather twin; ``*_async``
+cases save asynchronously.
 
     python -m torch.distributed.run --nproc_per_node 2 dcp_worker.py OUT grpo_fsdp grpo_fsdp_full ...
 """
@@ -17,10 +18,11 @@ import torch  # noqa: E402
 from fsdp_worker import barrier, cut_copy, is_main  # noqa: E402
 
 import flowrl.training.trainer as trainer_module  # noqa: E402
-from flowrl.checkpoint.resume import save_run  # noqa: E402
+from flowrl.checkpoint.resume import finish_saves, save_run  # noqa: E402
 from flowrl.config import load_resolved  # noqa: E402
 
 fsdp_worker.CASES["grpo_fsdp_full"] = lambda out: fsdp_worker.grpo(out, "grpo_fsdp_full") + fsdp_worker.SHARDED
+fsdp_worker.CASES["grpo_fsdp_async"] = lambda out: fsdp_worker.grpo(out, "grpo_fsdp_async") + fsdp_worker.SHARDED
 # one process resuming iteration 1 of a sharded run: from its DCP checkpoint / from its full-gather twin's
 fsdp_worker.RESUMED["grpo_one_from_fsdp_full"] = ("grpo_fsdp_full", False)
 DAMAGED = "grpo_fsdp_damaged"          # grpo_fsdp resumed with rank 0's shard of its last checkpoint corrupted
@@ -42,8 +44,10 @@ def damaged_copy(out: Path) -> Path:
 
 
 def run_case(out: Path, case: str) -> None:
+    """``*_async``: every save asynchronous (each completed at the next; the last after the run's end, while the
+    worker's own gathers run)."""
     layout = "full" if case.endswith("_full") else "auto"
-    trainer_module.save_run = functools.partial(save_run, layout=layout)
+    trainer_module.save_run = functools.partial(save_run, layout=layout, async_save=case.endswith("_async"))
     if case == DAMAGED:
         original, fsdp_worker.config_of = fsdp_worker.config_of, lambda out, case: load_resolved(
             damaged_copy(out), ["run.resume=true"])
@@ -53,6 +57,7 @@ def run_case(out: Path, case: str) -> None:
             fsdp_worker.config_of = original
     else:
         fsdp_worker.run_case(out, case)
+    finish_saves()
 
 
 __all__ = ["cut_copy", "run_case"]

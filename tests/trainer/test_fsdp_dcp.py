@@ -16,7 +16,7 @@ from test_fsdp import assert_bitwise, load, trained  # noqa: E402
 from flowrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, read_manifest  # noqa: E402
 
 WORKER = Path(__file__).with_name("dcp_worker.py")
-TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_fsdp_full", dcp_worker.DAMAGED]
+TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_fsdp_full", "grpo_fsdp_async", dcp_worker.DAMAGED]
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,16 @@ def test_converter_and_export_script(runs, tmp_path):
     tensors, state = load_checkpoint(list_checkpoints(runs / "grpo_fsdp")[0][1])
     assert all(torch.equal(single["tensors"][g][k], v) for g in tensors for k, v in tensors[g].items())
     assert single["state"]["loop"] == state["loop"]
+
+
+def test_asynchronous_saves_write_the_same_checkpoints(runs):
+    """Every save asynchronous (completed at the next save, the last after the run): the same checkpoints, read
+    whole, as the synchronous run's, and the same training."""
+    steps = [step for step, _ in list_checkpoints(runs / "grpo_fsdp_async")]
+    assert steps == [step for step, _ in list_checkpoints(runs / "grpo_fsdp")] == [1, 2]
+    assert not list((runs / "grpo_fsdp_async" / "checkpoints").glob(".tmp-*"))
+    for (_, a), (_, b) in zip(list_checkpoints(runs / "grpo_fsdp_async"), list_checkpoints(runs / "grpo_fsdp")):
+        (at, as_), (bt, bs) = load_checkpoint(a), load_checkpoint(b)
+        assert_bitwise({"tensors": at, "optimizer": as_["optimizer"], "loop": as_["loop"]},
+                       {"tensors": bt, "optimizer": bs["optimizer"], "loop": bs["loop"]})
+    assert_same_run(runs, "grpo_fsdp_async", "grpo_fsdp")
