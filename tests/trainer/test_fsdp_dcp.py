@@ -86,6 +86,24 @@ def test_resumed_on_one_process_bitwise(runs):
     assert_bitwise(one, twin)
 
 
+@pytest.mark.slow
+def test_resharded_onto_four_processes(tmp_path):
+    """Resharding to another process count: iteration 1's checkpoint of a 2-process run, restored by 4 processes
+    (each reads its quarter through DCP's planner) and gathered whole, equals the checkpoint read whole bit for
+    bit (4 CPU processes: slow)."""
+    from launchers import free_port, launch
+
+    launch(lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                    "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(tmp_path), "grpo_fsdp"], 600)
+    launch(lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr",
+                    "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(tmp_path),
+                    "restored_from_two"], 600)
+    restored = load(tmp_path, "restored_from_two")
+    assert restored["world"] == 4 and restored["sharded"] and restored["loop"]["iteration"] == 1
+    tensors, state = load_checkpoint(list_checkpoints(tmp_path / "grpo_fsdp")[0][1])
+    assert_bitwise(restored, {"tensors": tensors, "optimizer": state["optimizer"], "loop": state["loop"]})
+
+
 def test_converter_and_export_script(runs, tmp_path):
     """scripts/export.py --format full-state: the DCP checkpoint as one torch.save file of full tensors."""
     import importlib.util
