@@ -7,6 +7,10 @@ counters (iteration = data position, optimizer steps, rollout NFEs, skip counts)
 Every rollout's noise and every training draw come from generators derived from (seed, iteration, ...), so
 after ``load_run`` the run continues bitwise identically on CPU (``tests/trainer/test_resume.py``).
 
+A sharded (FSDP) run writes its checkpoints sharded (``flowrl.checkpoint.sharded``: each process its DCP chunks, no
+gather) and restores them through DCP on any process count, or whole on one process; docs/training.md "Sharded
+checkpoints (DCP)".
+
 Faults (docs/training.md "Faults"): ``load_run`` resumes from the newest checkpoint that loads and fits the
 run, naming any newer one it had to pass over; with checkpoint directories present but none loadable it
 refuses (``CheckpointError`` naming each and why) instead of silently starting over; with no checkpoint at
@@ -216,17 +220,17 @@ def apply(tensors: dict, extra: dict, s: RunState) -> None:
     this process's chunk: the checkpoint is the same whether it was written sharded or not)."""
     from flowrl.distributed import fsdp
 
-    sharded = s.sharding is not None
+    split = s.sharding is not None
     for name in s.policy.weight_sets():                 # "train", "old" and extra adapters (GARDO's "ref")
-        state = fsdp.shard_state(tensors[name], s.policy.adapter_state_dict(name)) if sharded else tensors[name]
+        state = fsdp.shard_state(tensors[name], s.policy.adapter_state_dict(name)) if split else tensors[name]
         s.policy.load_adapter_state_dict(state, name)
-    if sharded:
+    if split:
         fsdp.load_optimizer_state_dict(s.sharding, s.optimizer, extra["optimizer"])
     else:
         s.optimizer.load_state_dict(extra["optimizer"])
     if s.ema is not None:
         shadow = [tensors["ema"][k] for k in sorted(tensors["ema"])]
-        if sharded:
+        if split:
             shadow = [fsdp.shard_like(t, like) for t, like in zip(shadow, s.ema.shadow)] + shadow[len(s.ema.shadow):]
         s.ema.load_state_dict({**extra["ema"], "shadow": shadow})
     apply_small(extra, s)

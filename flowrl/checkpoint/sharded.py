@@ -34,7 +34,6 @@ from flowrl.checkpoint.store import MANIFEST_FILE, STATE_FILE, CheckpointError
 
 LAYOUT = "dcp"
 DCP_DIR = "dcp"
-DCP_INDEX = f"{DCP_DIR}/.metadata"
 
 
 def rank_world() -> tuple[int, int]:
