@@ -1,8 +1,10 @@
-"""Checkpoints: atomic, verified storage of tensor groups + state (``store``) and the whole-run state an RL run
-saves and restores for exact resume (``resume``).
+"""Checkpoints: atomic, verified storage of tensor groups + state (``store``), its sharded form where each process
+writes its own chunks with torch.distributed.checkpoint (``sharded``), and the whole-run state an RL run saves and
+restores for exact resume (``resume``).
 
-Owns: the on-disk checkpoint format (``checkpoints/step_NNNNNN/{manifest.json, *.safetensors, state.pt}``),
-atomic writes, rotation, RNG capture/restore, and what a run's checkpoint contains.
+Owns: the on-disk checkpoint format (``checkpoints/step_NNNNNN/{manifest.json, *.safetensors, state.pt}``; sharded
+runs ``{manifest.json, state.pt, dcp/}``), atomic writes, rotation, RNG capture/restore, and what a run's checkpoint
+contains.
 """
 from flowrl.checkpoint.store import (
     CHECKPOINTS_DIR,

@@ -348,9 +348,13 @@ def _check_manifest(path: Path, manifest: dict) -> None:
     for name, info in manifest["files"].items():
         if not (isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("sha256"), str)):
             raise fail(f"files[{name!r}] needs 'bytes' (int) and 'sha256' (str), got {info!r}")
-    missing = [g for g in manifest["groups"] if f"{g}.safetensors" not in manifest["files"]]
-    if missing or STATE_FILE not in manifest["files"]:
-        raise fail(f"'files' does not list {[f'{g}.safetensors' for g in missing] or [STATE_FILE]}")
+    if manifest.get("layout") == "dcp":                      # flowrl.checkpoint.sharded: groups live in dcp/
+        needed = [f for f in ("dcp/.metadata", STATE_FILE) if f not in manifest["files"]]
+    else:
+        needed = [f"{g}.safetensors" for g in manifest["groups"] if f"{g}.safetensors" not in manifest["files"]]
+        needed += [STATE_FILE] if STATE_FILE not in manifest["files"] else []
+    if needed:
+        raise fail(f"'files' does not list {needed}")
 
 
 def _verify_files(p: Path, manifest: dict, verify_hash: bool) -> None:
@@ -371,12 +375,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     """Load ``(tensors, state)`` from a checkpoint dir (or a run dir: its latest checkpoint).
 
     Files are checked against the manifest (sizes always, sha256 when ``verify``); ``state.pt`` is read with
-    ``torch.load(weights_only=True)``. Raises CheckpointError naming the problem on any mismatch.
+    ``torch.load(weights_only=True)``. Raises CheckpointError naming the problem on any mismatch. A sharded (DCP)
+    checkpoint is read whole on this process (``flowrl.checkpoint.sharded.to_full``).
     """
     from safetensors.torch import load_file
 
     p = resolve_checkpoint(path)
     manifest = read_manifest(p)
+    if manifest.get("layout") == "dcp":
+        from flowrl.checkpoint.sharded import to_full
+
+        return to_full(p, manifest, verify)
     _verify_files(p, manifest, verify)
     device = str(map_location)
     try:

@@ -21,8 +21,9 @@ Checkpoints hold full tensors, exactly as on one process: ``full_tensors`` gathe
 (``DTensor.full_tensor``; every process takes part, the main one keeps the CPU copy); the optimizer goes through
 ``torch.distributed.checkpoint.state_dict`` (``get_optimizer_state_dict`` / ``set_optimizer_state_dict`` with a
 full state dict) with its parameter-name keys mapped to the index keys of ``optimizer.state_dict()``; loading cuts
-each full tensor into the parameter's own chunk (``shard_like``). A sharded run's checkpoint thus restores on one
-process, and a one-process checkpoint under FSDP.
+each full tensor into the parameter's own chunk (``shard_like``). A full checkpoint thus restores on one
+process and under FSDP. Sharded checkpoints (``flowrl.checkpoint.sharded``) skip the gathers:
+``sharded_optimizer_state`` names each parameter's moments, each process's chunks as DTensors.
 """
 from __future__ import annotations
 
@@ -190,6 +191,28 @@ def load_optimizer_state_dict(sharding: Sharding, optimizer: torch.optim.Optimiz
     set_optimizer_state_dict(sharding.module, optimizer, named, options=StateDictOptions(full_state_dict=True))
     for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
         group.update({k: v for k, v in saved.items() if k != "params"})   # as saved (the helper makes tuples lists)
+
+
+def sharded_optimizer_state(sharding: Sharding, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's per-parameter state keyed by parameter name, each moment this process's DTensor chunk
+    (``get_optimizer_state_dict`` without gathering; a sharded checkpoint's "optimizer" group, the names stable
+    across process counts). An optimizer that has not stepped gets its state made first (zero moments)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(sharding.module, optimizer)["state"]
+
+
+def load_sharded_optimizer_state(sharding: Sharding, optimizer: torch.optim.Optimizer, state: dict,
+                                 param_groups: list[dict]) -> None:
+    """Inverse of ``sharded_optimizer_state``: ``state`` (name → chunks) and ``param_groups`` (as
+    ``optimizer.state_dict()`` has them, index keys) into the sharded optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    names = parameter_names(sharding.module, optimizer)
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in param_groups]
+    set_optimizer_state_dict(sharding.module, optimizer, {"state": state, "param_groups": groups})
+    for group, saved in zip(optimizer.param_groups, param_groups, strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})
 
 
 def local_bytes(tensors) -> int:
