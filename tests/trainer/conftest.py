@@ -22,8 +22,10 @@ def toy_overrides(tmp_path, objective: str = "grpo", name: str = "run", iteratio
 
 
 def pytest_collection_finish(session):
-    """Start test_fsdp.py's launches in the background when a test of it is selected (fsdp_runs.py)."""
-    if session.config.option.collectonly or not any(item.path.name == "test_fsdp.py" for item in session.items):
+    """Start test_fsdp.py's and test_fsdp_dcp.py's launch in the background when a test of either is selected
+    (fsdp_runs.py)."""
+    files = {"test_fsdp.py", "test_fsdp_dcp.py"}
+    if session.config.option.collectonly or not any(item.path.name in files for item in session.items):
         return
     sys.path.insert(0, str(Path(__file__).parent))
     import fsdp_runs

@@ -1,9 +1,10 @@
-"""test_fsdp.py's runs, the two-process launch in a background thread as soon as collection has selected a test
-of that file (``pytest_collection_finish`` in conftest.py): the two torchrun processes train while the rest of
-the suite runs in the pytest process, and the ``runs`` fixture waits for them. The same runs as before, in the
-same places: the one-process run ``grpo_one`` here in the pytest process first (a sharded run resumes its
-checkpoint), then every two-process case in one torchrun process group, then ``grpo_one_from_fsdp`` (a sharded
-run's checkpoint resumed on one process) in the pytest process once the launch has finished."""
+"""test_fsdp.py's and test_fsdp_dcp.py's runs, the two-process launch in a background thread as soon as
+collection has selected a test of those files (``pytest_collection_finish`` in conftest.py): the two torchrun
+processes train while the rest of the suite runs in the pytest process, and the ``runs`` fixture waits for them.
+The one-process run ``grpo_one`` here in the pytest process first (a sharded run resumes its checkpoint), then
+every two-process case in one torchrun process group (``dcp_worker.py``, its output in ``launch.log``), then
+``grpo_one_from_fsdp`` and ``grpo_one_from_fsdp_full`` (a sharded run's DCP and full-gather checkpoints resumed
+on one process) in the pytest process once the launch has finished."""
 from __future__ import annotations
 
 import threading
@@ -11,24 +12,30 @@ from pathlib import Path
 
 from launchers import torchrun
 
-WORKER = Path(__file__).with_name("fsdp_worker.py")
+WORKER = Path(__file__).with_name("dcp_worker.py")      # fsdp_worker's cases plus test_fsdp_dcp.py's
 TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_each_pass", "grpo_fsdp_resumed", "grpo_fsdp_from_one",
                      "nft_full_fsdp",
                      "nft_full_ddp", "nft_full_fsdp_resumed", "uneven_fsdp", "uneven_ddp", "nan_loss_fsdp",
-                     "bf16_fsdp", "fp32_fsdp"]
+                     "bf16_fsdp", "fp32_fsdp",
+                     "grpo_fsdp_full", "grpo_fsdp_async", "grpo_fsdp_damaged"]   # sharded (DCP) checkpoints
+ONE_PROCESS_AFTER = ["grpo_one_from_fsdp", "grpo_one_from_fsdp_full"]       # resumes of the two-process runs
 
 
 def run_here(out: Path, case: str) -> None:
-    """``fsdp_worker.run_case`` in this (pytest) process, one thread as every test here runs."""
-    import fsdp_worker
+    """``dcp_worker.run_case`` in this (pytest) process, one thread as every test here runs; the trainer's
+    ``save_run`` the worker sets per case is put back afterwards."""
+    import dcp_worker
     import torch
 
-    before = torch.get_num_threads()
+    import flowrl.training.trainer as trainer_module
+
+    before, save_run = torch.get_num_threads(), trainer_module.save_run
     torch.set_num_threads(1)
     try:
-        fsdp_worker.run_case(out, case)
+        dcp_worker.run_case(out, case)
     finally:
         torch.set_num_threads(before)
+        trainer_module.save_run = save_run
 
 
 class Launch:
@@ -47,7 +54,8 @@ class Launch:
 
     def _two_process(self) -> None:
         try:
-            torchrun(str(WORKER), str(self.out), *TWO_PROCESS_CASES)
+            launched = torchrun(str(WORKER), str(self.out), *TWO_PROCESS_CASES)
+            (self.out / "launch.log").write_text(launched.stdout + launched.stderr)
         except BaseException as e:
             self.error = e
 
@@ -63,6 +71,7 @@ class Launch:
 
 
 _started: Launch | None = None
+_finished: Path | None = None
 
 
 def start(out: Path) -> None:
@@ -72,11 +81,16 @@ def start(out: Path) -> None:
 
 
 def wait(tmp_path_factory) -> Path:
-    """The runs' directory once every run has finished (started here when collection did not)."""
-    start(tmp_path_factory.mktemp("fsdp"))
-    out = _started.result()
-    run_here(out, "grpo_one_from_fsdp")
-    return out
+    """The runs' directory once every run has finished (started here when collection did not); the one-process
+    resumes run once, for test_fsdp.py and test_fsdp_dcp.py together."""
+    global _finished
+    if _finished is None:
+        start(tmp_path_factory.mktemp("fsdp"))
+        out = _started.result()
+        for case in ONE_PROCESS_AFTER:
+            run_here(out, case)
+        _finished = out
+    return _finished
 
 
 def finish() -> None:

@@ -1,6 +1,7 @@
 """Sharded (DCP) checkpoints of FSDP runs on two CPU processes (torchrun, gloo): each process writes its own shards,
 and the checkpoint resumes bitwise on two processes and on one (``dcp_worker.py``; issue: cluster operation,
-item 1). One torchrun launch runs the two-process cases; the one-process resumes run here after it.
+item 1). The two-process cases run in test_fsdp.py's torchrun launch (fsdp_runs.py); the one-process resumes run
+in the pytest process after it.
 """
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dcp_worker  # noqa: E402
-from launchers import torchrun  # noqa: E402
+import fsdp_runs  # noqa: E402
 from test_fsdp import assert_bitwise, load, trained  # noqa: E402
 
 from flowrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, read_manifest  # noqa: E402
@@ -21,12 +22,10 @@ TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_fsdp_full", "grpo_fsdp_async", dcp_worke
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dcp")
-    launched = torchrun(str(WORKER), str(out), *TWO_PROCESS_CASES)
-    for case in ("grpo_one_from_fsdp", "grpo_one_from_fsdp_full"):
-        dcp_worker.run_case(out, case)
-    (out / "launch.log").write_text(launched.stdout + launched.stderr)
-    return out
+    """The cases of this file run in test_fsdp.py's launch (fsdp_runs.py: one torchrun for both files, started
+    in the background after collection), ``TWO_PROCESS_CASES`` among its cases."""
+    assert set(TWO_PROCESS_CASES) <= set(fsdp_runs.TWO_PROCESS_CASES)
+    return fsdp_runs.wait(tmp_path_factory)
 
 
 def assert_same_run(runs: Path, case: str, reference: str) -> None:
