@@ -53,10 +53,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def main(argv: list[str] | None = None, script: bool = False) -> dict | None:
     from flowrl.errors import ON_PURPOSE
 
     args = parse(sys.argv[1:] if argv is None else argv)
+    args.script = script
     try:
         return run(args)
     except ON_PURPOSE as e:
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> dict | None:
     from flowrl.training.trainer import train
 
     summary = train(cfg)
+    if getattr(args, "script", False):
+        settle(cfg.run.preempt_signals)
     if "preempted" in summary:                          # the trainer printed how to resume; exit status 0
         return summary
     if int(os.environ.get("RANK", "0")) == 0:          # one report per run, not one per process
@@ -111,5 +114,14 @@ def report(summary: dict) -> None:
         print(f"  {k[len('eval/'):-len('/mean')]:<22} {b:>9.4f}  {a:>9.4f}")
 
 
+def settle(signal_names: list[str]) -> None:
+    """The run is over and its last checkpoint written: a preemption signal while this process prints its report
+    and exits is ignored (it would only turn exit status 0 into 143). Script only; in-process callers keep theirs."""
+    import signal
+
+    for name in signal_names:
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    main()
+    main(script=True)
