@@ -14,7 +14,8 @@ the reward named); samples whose advantage is non-finite are left out of the upd
 is skipped; a non-finite loss skips that optimizer step and names the term. After ``train.max_skipped``
 consecutive skipped updates the run saves a checkpoint and stops (``SkipLimitError``). Resume restores weights
 ("train", "old"), optimizer, EMA, balancer state, counters and RNG; the data position and every sample's noise
-are pure functions of (seed, iteration), so a resumed run continues bitwise identically on CPU.
+are pure functions of (seed, iteration), so a resumed run continues bitwise identically on CPU. A preemption
+signal (``run.preempt_signals``) stops the loop after the current iteration with a checkpoint (``preemption``).
 """
 from __future__ import annotations
 
