@@ -40,7 +40,8 @@ def signal_names(names, key: str = "run.preempt_signals") -> list[str]:
 
 class Preemption:
     """Context manager: installs the handlers (main thread only; elsewhere nothing is installed, with a note),
-    records the first signal in ``received`` and restores the previous handlers on exit."""
+    records the first signal in ``received`` and restores the previous handlers on exit. A process forked while
+    they are installed dies of the signal as by default."""
 
     def __init__(self, names=DEFAULT_SIGNALS):
         self.signals = [signal.Signals[n] for n in signal_names(list(names))]
@@ -51,6 +52,7 @@ class Preemption:
         if self.signals and threading.current_thread() is not threading.main_thread():
             print("[flowrl] run.preempt_signals: not the main thread, signals are left alone", flush=True)
             return self
+        self.pid = os.getpid()
         for sig in self.signals:
             self.previous[sig] = signal.signal(sig, self.handle)
         return self
@@ -63,8 +65,9 @@ class Preemption:
     def handle(self, signum: int, frame) -> None:
         """First signal: record it. Second: die of it now (default action, re-sent)."""
         name = signal.Signals(signum).name
-        if self.received is not None:
-            os.write(2, f"[flowrl] second signal ({name}) while stopping: exiting now\n".encode())
+        if self.received is not None or os.getpid() != self.pid:     # a forked child keeps the default action
+            if os.getpid() == self.pid:
+                os.write(2, f"[flowrl] second signal ({name}) while stopping: exiting now\n".encode())
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
