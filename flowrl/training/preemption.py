@@ -9,6 +9,7 @@ is the one the loop writes anyway, so resume stays bitwise exact. A second signa
 action and re-sends it: the process dies of that signal at once (status 128 + N, ``-N`` from ``subprocess``);
 the atomic store (``flowrl.checkpoint.store``: temp dir, fsync, rename) leaves the newest complete checkpoint
 usable and ignores the half-written one. The previous handlers are restored when the run ends.
+``config_changes`` names what a ``run.resume=auto`` rerun changed against the run's saved config.yaml.
 """
 from __future__ import annotations
 

@@ -103,7 +103,13 @@ def test_a_second_signal_during_the_save_exits_at_once_and_the_previous_checkpoi
             store.torch.save = interrupted_save
             trainer = Trainer(load_config(None, [*args, "run.name=cut"]))
             original = trainer.iteration
-            trainer.iteration = lambda it: (os.kill(os.getpid(), signal.SIGTERM) if it == 2 else None, original(it))[1]
+
+            def iteration(it):
+                if it == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)     # the first signal: stop after this iteration
+                return original(it)
+
+            trainer.iteration = iteration
             trainer.run()
         except BaseException:
             traceback.print_exc()
