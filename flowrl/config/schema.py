@@ -44,11 +44,13 @@ class RunSection:
     name: str = "default"
     output_dir: str = "runs"          # the run lives in <output_dir>/<name>/
     seed: int = 42
-    resume: bool = False              # continue from the latest checkpoint in the run dir (reads its config.yaml)
+    resume: Any = False               # true / false / "auto": resume when the run dir holds a checkpoint, else
+    #                                   start fresh (job arrays, torchrun restarts); true: continue (config.yaml)
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"   # Flow-GRPO: fp16 SD3, bf16 FLUX/Wan (README FAQ)
     cpu: bool = False                 # force CPU even when an accelerator is present
     threads: int | None = None        # torch CPU threads (None: torch's default); 1 is fastest for tiny models
     restart: bool = False             # start over in a run dir that holds checkpoints (they are deleted first)
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # stop cleanly on these
 
     def __post_init__(self):
         check_range("run.seed", self.seed, ge=0, le=SEED_MAX)
@@ -56,9 +58,14 @@ class RunSection:
         if not self.name or self.name in (".", "..") or "/" in self.name:
             raise ValueError(f"run.name must be a plain directory name (the run lives in "
                              f"<run.output_dir>/<run.name>), got {self.name!r}")
+        if not (isinstance(self.resume, bool) or self.resume == "auto"):
+            raise ValueError(f"run.resume must be true, false or auto, got {self.resume!r}")
         if self.resume and self.restart:
-            raise ValueError("resume and restart cannot both be true: run.resume continues the run in its "
+            raise ValueError("resume and restart cannot both be set: run.resume continues the run in its "
                              "directory, run.restart deletes its checkpoints and starts over")
+        from flowrl.training.preemption import signal_names
+
+        self.preempt_signals = signal_names(self.preempt_signals)
 
 
 @dataclass

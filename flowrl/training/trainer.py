@@ -14,7 +14,8 @@ the reward named); samples whose advantage is non-finite are left out of the upd
 is skipped; a non-finite loss skips that optimizer step and names the term. After ``train.max_skipped``
 consecutive skipped updates the run saves a checkpoint and stops (``SkipLimitError``). Resume restores weights
 ("train", "old"), optimizer, EMA, balancer state, counters and RNG; the data position and every sample's noise
-are pure functions of (seed, iteration), so a resumed run continues bitwise identically on CPU.
+are pure functions of (seed, iteration), so a resumed run continues bitwise identically on CPU. A preemption
+signal (``run.preempt_signals``) stops the loop after the current iteration with a checkpoint (``preemption``).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from flowrl.errors import SkipLimitError
 from flowrl.objectives.context import AdvantageContext
 from flowrl.training.advantage import AdvantageStage
 from flowrl.training.evaluation import Evaluator
+from flowrl.training.preemption import Preemption, config_changes
 from flowrl.training.rollout import RolloutStage
 from flowrl.training.scoring import score_samples
 from flowrl.training.state import LoopState
@@ -75,23 +77,30 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
+        """The loop; a preemption signal (``run.preempt_signals``) ends it after the current iteration with a
+        checkpoint and ``summary["preempted"]`` (flowrl/training/preemption.py)."""
         cfg = self.cfg
-        self.open_run_dir()
-        logger = self.logger(self.state.iteration if cfg.run.resume else None)
-        bar = self.progress(self.state.iteration, cfg.train.iterations)
-        summary = {}
-        try:
-            if cfg.eval.before and self.state.iteration == 0:
-                summary["before"] = self.evaluator.evaluate(0, "before", logger)
-            for it in range(self.state.iteration, cfg.train.iterations):
-                self.step(it, logger, bar)
-            bar.close()
-            self.save()
-            if cfg.eval.after:
-                summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
-        finally:
-            bar.close()
-            logger.close()
+        with Preemption(cfg.run.preempt_signals) as preempt:
+            self.open_run_dir()
+            logger = self.logger(self.state.iteration if cfg.run.resume else None)
+            bar = self.progress(self.state.iteration, cfg.train.iterations)
+            summary = {}
+            try:
+                if cfg.eval.before and self.state.iteration == 0:
+                    summary["before"] = self.evaluator.evaluate(0, "before", logger)
+                for it in range(self.state.iteration, cfg.train.iterations):
+                    self.step(it, logger, bar)
+                    if preempt.should_stop(self.dist):
+                        break
+                bar.close()
+                path = self.save_once()
+                if preempt.should_stop(self.dist):
+                    summary["preempted"] = self.preempted(preempt.received, path)
+                elif cfg.eval.after:
+                    summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
+            finally:
+                bar.close()
+                logger.close()
         summary["state"] = self.state.as_dict()
         return summary
 
@@ -114,11 +123,15 @@ class Trainer:
             self.save()
 
     def open_run_dir(self) -> None:
-        """Resume (the newest restorable checkpoint), or start fresh (refusing a directory that holds another
-        run's checkpoints unless ``run.restart``); then write the resolved config.yaml, which follows the
-        directory when it was moved and records overrides given at resume."""
+        """Resume (the newest restorable checkpoint; with ``run.resume`` true or auto, a directory without any
+        checkpoint starts at 0 and one whose checkpoints all fail is refused), or start fresh (refusing a
+        directory that holds another run's checkpoints unless ``run.restart``); then write the resolved
+        config.yaml, which follows the directory when it was moved and records overrides given at resume."""
         cfg = self.cfg
-        if cfg.run.resume:
+        if cfg.run.resume == "auto" and (changed := config_changes(cfg, cfg.run_dir / "config.yaml")):
+            self.dist.print(f"[flowrl] run.resume=auto: the config differs from {cfg.run_dir}/config.yaml in "
+                            f"{', '.join(changed[:8])}; continuing with the given values")
+        if cfg.run.resume:                       # true or "auto": load_run starts at 0 when there is no checkpoint
             load_run(cfg.run_dir, self.run_state, self.dist)
             self.evaluator.load_base()
         else:
@@ -229,7 +242,23 @@ class Trainer:
 
     def save(self):
         """Checkpoint the current iteration; the checkpoint's path on the main process (None elsewhere)."""
-        return save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
+        path = save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
+        self.saved = (self.state.iteration, path)
+        return path
+
+    def save_once(self):
+        """``save()`` unless this iteration was just saved: re-saving a step briefly removes it, and with
+        ``checkpoint.keep: 1`` that would leave no checkpoint while a preempted run writes its last one."""
+        done, path = getattr(self, "saved", (None, None))
+        return path if done == self.state.iteration else self.save()
+
+    def preempted(self, signal_name: str | None, path) -> dict:
+        """Print how to resume a preempted run (main process); the summary's ``preempted`` entry."""
+        cfg, it = self.cfg, self.state.iteration
+        again = ("rerun the same command (run.resume=auto)" if cfg.run.resume == "auto" else
+                 f"python scripts/train.py --resume {cfg.run_dir} (or rerun this command with run.resume=auto)")
+        self.dist.print(f"[flowrl] preempted at iteration {it}: checkpoint {path}; resume with: {again}")
+        return {"iteration": it, "signal": signal_name, "checkpoint": None if path is None else str(path)}
 
 
 def train(cfg: RunConfig, accelerator=None, policy=None) -> dict:

@@ -105,6 +105,8 @@ DISTILL_ALLOWED = {
     "model.text_len": "read by the real UMT5 text encoder; the tiny recipes use the offline hash encoder",
     "run.resume": "read by DistillTrainer.open_run_dir (scripts/distill.py); the test calls fit on a fresh trainer",
     "run.restart": "read by DistillTrainer.open_run_dir (scripts/distill.py); the test calls fit on a fresh trainer",
+    "run.preempt_signals": "the RL trainer's (flowrl/training/preemption.py); the distill loop does not stop on "
+                           "signals yet (they keep their default action)",
     "data.eval": "read by scripts/distill.py --grid (the eval video grid's prompts)",
     "log.tensorboard": "read by DistillTrainer.logger (scripts/distill.py); the test calls fit without a logger",
     "log.wandb": "read by DistillTrainer.logger (scripts/distill.py); the test calls fit without a logger",
