@@ -1,6 +1,6 @@
 """Cluster-operation benchmark: what a preempted, restarted or resharded job keeps (the cluster-operation issue).
 
-    python scripts/bench.py cluster [--parts sigterm] [--tries 10 --iterations 16 --seed 0] [--quick]
+    python scripts/bench.py cluster [--parts sigterm,dcp] [--tries 10 --iterations 16 --seed 0] [--quick]
 
 - ``sigterm`` [``sigterm_ok``, ``sigterm_tries``]: a tiny toy run (CPU, one thread, ``checkpoint.every=0``: no
   periodic checkpoint to fall back on) is started as a job array would, ``scripts/train.py --resume auto ...``,
@@ -10,6 +10,11 @@
   rerunning the same command exits 0 with a final checkpoint (adapters, EMA, optimizer, counters) bitwise equal
   to the reference's. A signal that comes after the run ended (final checkpoint written, the process exiting)
   is ignored and the run exits 0 (``after_end``). ``sigterm_ok`` is true iff every trial is ok.
+
+- ``dcp`` [``dcp_save_peak_ratio``, ``dcp_resume_bitwise``]: ``flowrl.bench.dcp_measure`` — 2 CPU processes
+  under FSDP, the resident-set high-water mark over one save with DCP vs the full-gather path (the larger
+  process of each), and a DCP checkpoint resumed on 2 processes (bitwise the uninterrupted run) and on 1
+  (bitwise the same resume from the full-gather checkpoint).
 
 Parts are independent; each adds its own keys (``--parts`` picks them). The last line printed is the JSON result.
 ``--quick`` (2 trials of 4 iterations) checks the script end to end; its tallies are not results.
@@ -34,7 +39,7 @@ LINE = re.compile(r"preempted at iteration (\d+): checkpoint (\S+);")
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.py cluster", description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="sigterm", help=f"comma-separated parts of {sorted(PARTS)}")
+    ap.add_argument("--parts", default="sigterm,dcp", help=f"comma-separated parts of {sorted(PARTS)}")
     ap.add_argument("--tries", type=int, default=10, help="SIGTERM trials")
     ap.add_argument("--iterations", type=int, default=16, help="iterations of each tiny run")
     ap.add_argument("--seed", type=int, default=0, help="seeds the signal times")
@@ -141,7 +146,15 @@ def sigterm_part(out_dir: Path, args: argparse.Namespace) -> dict:
             "sigterm_window_s": round(window, 2), "sigterm_trials": trials}
 
 
-PARTS = {"sigterm": sigterm_part}
+def dcp_part(out_dir: Path, args: argparse.Namespace) -> dict:
+    """Sharded (DCP) checkpoints on 2 CPU processes: the save's peak bytes per process against the full-gather
+    path, and bitwise resume on 2 and on 1 process (``flowrl.bench.dcp_measure``, which says how)."""
+    from flowrl.bench import dcp_measure
+
+    return dcp_measure.measure_detail(args.quick, out_dir)
+
+
+PARTS = {"sigterm": sigterm_part, "dcp": dcp_part}
 
 
 def main(argv: list[str]) -> dict:
