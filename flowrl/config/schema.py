@@ -239,6 +239,8 @@ class EvalSection:
 class CheckpointSection:
     every: int = 50                   # iterations between checkpoints (0: only at the end)
     keep: int = 2                     # newest checkpoints kept (older ones are deleted after each save)
+    async_save: bool = False          # sharded (dist.fsdp) runs: write the DCP shards while training goes on; each
+                                      # checkpoint is completed (hashes, manifest, rename) at the next save or run end
 
     def __post_init__(self):
         check_range("checkpoint.every", self.every, ge=0)

@@ -21,6 +21,7 @@ from flowrl.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from flowrl.config import ConfigError
 from flowrl.distill.config import DistillConfig, prompt_list
 from flowrl.distill.methods import METHODS
 from flowrl.distill.objectives import Batch
@@ -48,6 +49,9 @@ class DistillTrainer:
 
         self.cfg = cfg
         rc = cfg.run
+        if cfg.checkpoint.async_save:
+            raise ConfigError("checkpoint.async_save: distillation saves its checkpoints synchronously (one "
+                              "process writes them); set checkpoint.async_save=false")
         if rc.threads is not None:
             torch.set_num_threads(rc.threads)
         self.acc = accelerator or Accelerator(mixed_precision=rc.mixed_precision,

@@ -24,9 +24,9 @@ import time
 import torch
 from torch import Tensor
 
-from flowrl.checkpoint.resume import RunState, load_run, prepare_fresh_run, save_run
+from flowrl.checkpoint.resume import RunState, finish_saves, load_run, prepare_fresh_run, save_run
 from flowrl.checkpoint.store import seed_global_rngs
-from flowrl.config import RunConfig, check_geometry, save_resolved
+from flowrl.config import ConfigError, RunConfig, check_geometry, save_resolved
 from flowrl.config.validate import check_startable
 from flowrl.distributed import processes as _dist
 from flowrl.errors import SkipLimitError
@@ -74,6 +74,9 @@ class Trainer:
                                    cfg.run_dir, cfg.run.name, self.rollout.guidance)
         self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.objective_state, p.window,
                                   self.state, p.sharding)
+        if cfg.checkpoint.async_save and p.sharding is None:
+            raise ConfigError("checkpoint.async_save: asynchronous saves write the shards of a sharded run; set "
+                              "dist.fsdp=true on several processes, or checkpoint.async_save=false")
 
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -93,7 +96,8 @@ class Trainer:
                     if preempt.should_stop(self.dist):
                         break
                 bar.close()
-                path = self.save_once()
+                self.save_once()
+                path = finish_saves() or self.saved[1]        # an asynchronous last save completes here
                 if preempt.should_stop(self.dist):
                     summary["preempted"] = self.preempted(preempt.received, path)
                 elif cfg.eval.after:
@@ -216,7 +220,8 @@ class Trainer:
         are the last good ones, skipped steps never change them — and stop with a SkipLimitError."""
         if not self.skip_limit_reached():
             return
-        path = self.save()
+        self.save()
+        path = finish_saves() or self.saved[1]
         where = f"checkpoint {path}" if path is not None else "a checkpoint"
         raise SkipLimitError(f"{self.state.consecutive_skips} consecutive updates skipped for non-finite values "
                              f"(last: {getattr(self, 'last_skip', 'unknown')}); stopped at iteration "
@@ -242,7 +247,8 @@ class Trainer:
 
     def save(self):
         """Checkpoint the current iteration; the checkpoint's path on the main process (None elsewhere)."""
-        path = save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist)
+        path = save_run(self.cfg.run_dir, self.run_state, self.cfg.checkpoint.keep, self.dist,
+                        async_save=self.cfg.checkpoint.async_save)
         self.saved = (self.state.iteration, path)
         return path
 

@@ -23,7 +23,8 @@ from flowrl.checkpoint.resume import finish_saves, save_run  # noqa: E402
 from flowrl.config import load_resolved  # noqa: E402
 
 fsdp_worker.CASES["grpo_fsdp_full"] = lambda out: fsdp_worker.grpo(out, "grpo_fsdp_full") + fsdp_worker.SHARDED
-fsdp_worker.CASES["grpo_fsdp_async"] = lambda out: fsdp_worker.grpo(out, "grpo_fsdp_async") + fsdp_worker.SHARDED
+fsdp_worker.CASES["grpo_fsdp_async"] = lambda out: (fsdp_worker.grpo(out, "grpo_fsdp_async") + fsdp_worker.SHARDED
+                                                     + ["checkpoint.async_save=true"])
 # one process resuming iteration 1 of a sharded run: from its DCP checkpoint / from its full-gather twin's
 fsdp_worker.RESUMED["grpo_one_from_fsdp_full"] = ("grpo_fsdp_full", False)
 # restore only (no training): iteration 1's DCP checkpoint of grpo_fsdp into this launch's processes, whatever
@@ -64,10 +65,10 @@ def restore_only(out: Path, case: str) -> None:
 
 
 def run_case(out: Path, case: str) -> None:
-    """``*_async``: every save asynchronous (each completed at the next; the last after the run's end, while the
-    worker's own gathers run)."""
+    """``*_async``: ``checkpoint.async_save=true``, every save asynchronous (each completed at the next save,
+    the last at the run's end)."""
     layout = "full" if case.endswith("_full") else "auto"
-    trainer_module.save_run = functools.partial(save_run, layout=layout, async_save=case.endswith("_async"))
+    trainer_module.save_run = functools.partial(save_run, layout=layout)
     if case.startswith("restored_"):
         return restore_only(out, case)
     if case == DAMAGED:
