@@ -1,30 +1,32 @@
-"""Activation estimate: a measured probe on the family's tiny model, scaled by rows × tokens × width (× blocks).
+"""Activation estimate: a measured probe of the run's own transformer architecture, scaled by its dimensions.
 
-Probe (CPU, float32, ``counter.peak_allocated``): the tiny preset's transformer rebuilt with 1 and 2 blocks
-(FLUX: 1 and 2 of each block kind), the run's LoRA targets at rank r·D₀/D (so the adapter's share of the width is
-the run's), ``B₀ = 2`` rows at the probe geometry, no CFG. Peak bytes above entry of one velocity call, then
+Probe (CPU, float32, ``counter.peak_allocated``): the run's transformer config with 1 and 2 blocks (FLUX: 1 and 2
+of each kind) and at most ``PROBE_WIDTH`` wide (heads cut, head_dim kept; Wan's FFN and SD3's caption projection
+cut in proportion), the run's LoRA targets at rank r·D₀/D (the adapter's share of the width stays the run's),
+``PROBE_ROWS`` rows of synthetic inputs at the run's token geometry (image tokens capped at ``PROBE_TOKENS``).
+Peak bytes above entry of one transformer call (+ backward of a mean-square loss), then per row·token·width·byte
 
-    k_block = (a₂ − a₁) / (B₀·T₀·D₀·4),   k_rest = a₁ / (B₀·T₀·D₀·4) − k_block
+    k_block = (a₂ − a₁) / u,   k_rest = a₁ / u − k_block,   u = B₀·T₀·D₀·4
 
-for a training forward + backward without and with gradient checkpointing, and k_fwd (no grad, 2 blocks) for
-a rollout forward. Scaled to the run (the law assumed, an estimate):
+without and with gradient checkpointing, and k_fwd for a forward without grad (2 blocks). Scaled to the run:
 
-    train  = rows · T · D · e · (L·k_block + k_rest)      rollout = rows · T · D · e · k_fwd
+    train = rows · T · D · e · (L·k_block + k_rest)        rollout = rows · T · D · e · k_fwd
 
-with T tokens (image + text), D the width, L blocks (FLUX: pairs), e the compute dtype's bytes. It assumes the
-attention stores no T×T matrix (flash / memory-efficient SDPA, also what CPU SDPA picks) and that the probe's
-MLP ratio and per-token layout are the model's; it is checked only at the toy and tiny scales (docs/memory.md).
+(T tokens: image + text, D width, L blocks (FLUX: pairs), e the compute dtype's bytes). The law assumes the
+attention stores no T×T matrix (flash / memory-efficient SDPA; CPU SDPA's flash kernel too) and activations linear
+in the width at fixed head_dim; it is an estimate, checked against measurement at the toy and tiny scales only.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-PROBE = {"toy": (32, 32, None), "sd3": (32, 32, None), "flux": (32, 32, None), "wan": (64, 64, 9)}
 PROBE_ROWS = 2
-PROBE_TEXT = 64              # max_sequence_length of the probe's text encoders (SD3 / FLUX / Wan)
+PROBE_WIDTH = 256
+PROBE_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -32,82 +34,102 @@ class Coefficients:
     """Bytes per (row · token · width · element byte), measured on a probe."""
 
     block: float                 # per block, training forward + backward
-    rest: float                  # the remainder of the transformer (embeddings, output, loss) + backward temporaries
+    rest: float                  # the rest of the transformer (embeddings, output, loss) and backward temporaries
     block_ckpt: float            # per block with gradient checkpointing (the block's saved inputs)
     rest_ckpt: float             # the rest with checkpointing (incl. one block recomputed in backward)
     forward: float               # one forward without grad (the rollout's transient)
-    probe: dict                  # what was measured (bytes, geometry)
+    probe: dict                  # what was measured
 
     def train(self, units: float, checkpointing: bool) -> float:
         return units * (self.block_ckpt if checkpointing else self.block) + (
             self.rest_ckpt if checkpointing else self.rest)
 
 
-def probe_policy(family: str, blocks: int, rank: int | None, checkpointing: bool):
-    """The family's tiny policy with ``blocks`` blocks (of each kind), LoRA rank ``rank`` (None: full weights)."""
-    from flowrl.planning.models import tiny_transformer
-    from flowrl.policies import POLICIES, tiny, toy_modules
-    from flowrl.policies.lora import LoraConfig
-
-    cls = POLICIES.get(family)
-    base = cls.config_class()
-    lora = None if rank is None else LoraConfig(rank=rank, alpha=2 * rank, target_modules=base.lora.target_modules)
-    extra = {"max_sequence_length": PROBE_TEXT} if hasattr(base, "max_sequence_length") else {}
-    config = cls.config_class(lora=lora, gradient_checkpointing=checkpointing, **extra)
-    layers = {"num_layers": blocks, **({"num_single_layers": blocks} if family == "flux" else {})}
-    transformer = tiny_transformer(family, **layers)
-    if family == "toy":
-        tok, te, _ = toy_modules.build_modules("tiny")
-        return cls(tok, te, transformer, config)
-    comps = {"sd3": tiny.sd3_components, "flux": tiny.flux_components, "wan": tiny.wan_components}[family]()
-    return cls({**comps, "transformer": transformer}, config, "cpu", torch.float32)
+def narrow(family: str, cfg: dict, blocks: int) -> dict:
+    """``cfg`` with ``blocks`` blocks and at most PROBE_WIDTH wide (heads cut; dependent widths in proportion)."""
+    heads = max(1, min(cfg["num_attention_heads"], PROBE_WIDTH // cfg["attention_head_dim"]))
+    ratio = heads / cfg["num_attention_heads"]
+    out = {**cfg, "num_attention_heads": heads, "num_layers": blocks}
+    if family == "flux":
+        out["num_single_layers"] = blocks
+    if family == "wan":
+        out["ffn_dim"] = max(1, round(cfg["ffn_dim"] * ratio))
+    if family in ("sd3", "toy"):
+        out["caption_projection_dim"] = max(1, round(cfg["caption_projection_dim"] * ratio))
+        out["dual_attention_layers"] = [i for i in cfg.get("dual_attention_layers") or () if i < blocks]
+    return out
 
 
-def probe_bytes(policy, family: str, grad: bool) -> int:
-    """Peak bytes above entry of one velocity call (+ backward of a mean-square loss when ``grad``)."""
+def inputs(family: str, cfg: dict, image_tokens: int, text_tokens: int, rows: int) -> dict:
+    """Synthetic transformer inputs of ``rows`` rows: image tokens on a square-ish grid (Wan: one latent frame)."""
+    g = torch.Generator().manual_seed(0)
+    side = max(1, math.isqrt(image_tokens))
+    t = torch.full((rows,), 500.0)
+    if family == "flux":
+        ids = torch.zeros(side * side, 3)
+        ids[:, 1], ids[:, 2] = torch.arange(side).repeat_interleave(side), torch.arange(side).repeat(side)
+        return {"hidden_states": torch.randn(rows, side * side, cfg["in_channels"], generator=g),
+                "encoder_hidden_states": torch.randn(rows, text_tokens, cfg["joint_attention_dim"], generator=g),
+                "pooled_projections": torch.randn(rows, cfg["pooled_projection_dim"], generator=g),
+                "timestep": t / 1000, "img_ids": ids, "txt_ids": torch.zeros(text_tokens, 3),
+                "guidance": torch.full((rows,), 3.5) if cfg.get("guidance_embeds") else None}
+    if family == "wan":
+        p = cfg["patch_size"]
+        return {"hidden_states": torch.randn(rows, cfg["in_channels"], 1, side * p[1], side * p[2], generator=g),
+                "timestep": t, "encoder_hidden_states": torch.randn(rows, text_tokens, cfg["text_dim"], generator=g)}
+    p = cfg["patch_size"]
+    return {"hidden_states": torch.randn(rows, cfg["in_channels"], side * p, side * p, generator=g),
+            "encoder_hidden_states": torch.randn(rows, text_tokens, cfg["joint_attention_dim"], generator=g),
+            "pooled_projections": torch.randn(rows, cfg["pooled_projection_dim"], generator=g), "timestep": t}
+
+
+def probe_bytes(family: str, cfg: dict, rank: int | None, checkpointing: bool, grad: bool, image_tokens: int,
+                text_tokens: int) -> int:
+    """Peak bytes above entry of one call of the probe transformer ``cfg`` (+ its backward when ``grad``)."""
     from flowrl.planning.counter import peak_allocated
+    from flowrl.planning.models import build
+    from flowrl.policies import POLICIES
+    from flowrl.policies.lora import LoraConfig, add_adapters
 
-    h, w, f = PROBE[family]
-    cond = policy.encode(["a red circle left of a blue square"] * PROBE_ROWS, cfg=False)
-    x = policy.noise([torch.Generator().manual_seed(i) for i in range(PROBE_ROWS)], h, w, f)
-    sigma = torch.full((PROBE_ROWS,), 0.5)
-    full = not policy.weights.is_lora
-    if full:
-        for m in policy.weights.modules():
-            m.requires_grad_(False)             # weight gradients are the budget's own item, not activations
+    torch.manual_seed(0)
+    model = build(cfg, "cpu").requires_grad_(False)
+    if rank is not None:
+        targets = POLICIES.get(family).config_class().lora.target_modules
+        add_adapters(model, LoraConfig(rank=rank, alpha=2 * rank, target_modules=targets))
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+    model.train(grad)
+    kw = inputs(family, cfg, image_tokens, text_tokens, PROBE_ROWS)
 
     def call():
         with torch.set_grad_enabled(grad):
-            xi = x.clone().requires_grad_(grad and full)
-            v = policy.velocity(xi, sigma, cond, 1.0)
+            x = kw["hidden_states"].clone().requires_grad_(grad and rank is None)
+            out = model(**{**kw, "hidden_states": x}, return_dict=False)[0]
             if grad:
-                v.square().mean().backward()
+                out.float().square().mean().backward()
 
     return peak_allocated(call)[1]
 
 
 @lru_cache(maxsize=None)
-def coefficients(family: str, rank: int | None) -> Coefficients:
-    """Measure the probe of ``family`` (LoRA rank ``rank`` at the probe width, None: full fine-tune)."""
-    from flowrl.planning.geometry import geometry
-    from flowrl.planning.models import transformer_config
+def coefficients(family: str, cfg_json: str, rank: int | None, image_tokens: int, text_tokens: int) -> Coefficients:
+    """Measure the probe of the transformer config ``cfg_json`` (LoRA at the run's rank ``rank``, None: full
+    fine-tune) at the run's token counts (image tokens capped at PROBE_TOKENS)."""
+    import json
 
-    torch.manual_seed(0)
-    tcfg = transformer_config(family, None, True)
-    g = geometry(family, tcfg, True, *PROBE[family], 16 if family == "toy" else PROBE_TEXT)
-    unit = PROBE_ROWS * g.tokens * g.width * 4
-    a = {(n, ck): probe_bytes(probe_policy(family, n, rank, ck), family, True) for n in (1, 2) for ck in (False, True)}
-    fwd = probe_bytes(probe_policy(family, 2, rank, False), family, False)
-    block, block_ck = (a[2, False] - a[1, False]) / unit, (a[2, True] - a[1, True]) / unit
-    return Coefficients(block=block, rest=a[1, False] / unit - block, block_ckpt=block_ck,
-                        rest_ckpt=a[1, True] / unit - block_ck, forward=fwd / unit,
+    cfg = json.loads(cfg_json)
+    width = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    img = min(image_tokens, PROBE_TOKENS)
+    img = max(1, math.isqrt(img)) ** 2                          # the square grid ``inputs`` builds
+    probes = {n: narrow(family, cfg, n) for n in (1, 2)}
+    d0 = probes[1]["num_attention_heads"] * probes[1]["attention_head_dim"]
+    r0 = None if rank is None else max(1, round(rank * d0 / width))
+    unit = PROBE_ROWS * (img + text_tokens) * d0 * 4
+    a = {(n, ck): probe_bytes(family, probes[n], r0, ck, True, img, text_tokens) for n in (1, 2) for ck in (0, 1)}
+    fwd = probe_bytes(family, probes[2], r0, False, False, img, text_tokens)
+    block, block_ck = (a[2, 0] - a[1, 0]) / unit, (a[2, 1] - a[1, 1]) / unit
+    return Coefficients(block=block, rest=a[1, 0] / unit - block, block_ckpt=block_ck,
+                        rest_ckpt=a[1, 1] / unit - block_ck, forward=fwd / unit,
                         probe={"bytes": {f"{n}_blocks{'_ckpt' if ck else ''}": v for (n, ck), v in a.items()},
-                               "forward_bytes": fwd, "rows": PROBE_ROWS, "tokens": g.tokens, "width": g.width})
-
-
-def probe_rank(rank: int, width: int, family: str) -> int:
-    """The probe's LoRA rank: r·D₀/D (at least 1), D₀ the probe's width."""
-    from flowrl.planning.models import transformer_config
-
-    t = transformer_config(family, None, True)
-    return max(1, round(rank * t["num_attention_heads"] * t["attention_head_dim"] / width))
+                               "forward_bytes": fwd, "rows": PROBE_ROWS, "tokens": img + text_tokens, "width": d0,
+                               "lora_rank": r0})

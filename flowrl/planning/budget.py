@@ -15,6 +15,7 @@ activations, the CUDA context and allocator slack (``HEADROOM_GIB`` is kept free
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 GiB = 2**30
@@ -79,7 +80,7 @@ def stored_steps(cfg) -> int:
 def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Plan:
     """The per-process plan of ``cfg`` (a ``RunConfig``) on ``gpus`` processes of ``gpu_mem`` GiB."""
     from flowrl.objectives import get_objective
-    from flowrl.planning.activations import coefficients, probe_rank
+    from flowrl.planning.activations import coefficients
     from flowrl.planning.geometry import geometry
     from flowrl.planning.models import count
 
@@ -118,7 +119,8 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     uncond = 2 if w > 1 or getattr(pc, "true_cfg", 1.0) > 1 else 1
     items["stored samples"] = local * (g.latent * 4 * states + g.cond * e * uncond + g.pixels * 4)
     units = len(c.blocks) / (2 if family == "flux" else 1)
-    k = coefficients(family, probe_rank(lora.rank, g.width, family) if lora is not None else None)
+    k = coefficients(family, json.dumps(c.config, sort_keys=True), lora.rank if lora is not None else None,
+                     g.image_tokens, g.text_tokens)
     unit = g.tokens * g.width * ec
     chunk = min(s.chunk or local, local)
     rollout = chunk * cfg_rows(family, cfg, w, False) * unit * k.forward

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -99,36 +100,37 @@ def build(cfg: dict, device: str = "meta", **changes) -> nn.Module:
         return getattr(diffusers, cls).from_config({k: v for k, v in {**cfg, **changes}.items() if k[0] != "_"})
 
 
-def lora_numel(model: nn.Module, targets, rank: int) -> int:
-    """One adapter's parameters: Σ r·(d_in + d_out) over the ``nn.Linear`` layers peft's target rule matches."""
-    total = 0
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
-            total += rank * (m.in_features + m.out_features)
-    return total
-
-
 def count(family: str, path: str | None, tiny: bool, lora) -> Counts:
     """Every count of ``Counts`` for a run's policy (``lora``: its LoraConfig or None)."""
     cfg = transformer_config(family, path, tiny)
     cfg.setdefault("_class_name", "SD3Transformer2DModel")
-    model = build(cfg)
+    total, fp32, blocks, dim0, linears = meta_stats(family, json.dumps(cfg, sort_keys=True))
+    text, vae = encoder_counts(family, path, tiny)
+    adapter = 0 if lora is None else sum(lora.rank * (i + o) for name, i, o in linears
+                                         if any(name == t or name.endswith("." + t) for t in lora.target_modules))
+    return Counts(transformer=total, fp32_params=fp32, blocks=list(blocks), dim0=list(dim0), lora=adapter,
+                  text=dict(text), vae=vae, config=cfg)
+
+
+@lru_cache(maxsize=None)
+def meta_stats(family: str, cfg_json: str) -> tuple:
+    """(parameters, float32-kept parameters, per-block parameters, (dim 0, numel) per parameter, (name, d_in,
+    d_out) per ``nn.Linear``) of the transformer ``cfg_json`` instantiated on the meta device."""
+    model = build(json.loads(cfg_json))
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     params = list(model.named_parameters())
-    blocks = [sum(p.numel() for p in b.parameters()) for attr in BLOCKS[family] for b in getattr(model, attr)]
-    counts = Counts(transformer=sum(p.numel() for _, p in params),
-                    fp32_params=sum(p.numel() for n, p in params if keep & set(n.split("."))),
-                    blocks=blocks, dim0=[(p.shape[0], p.numel()) for _, p in params],
-                    lora=lora_numel(model, lora.target_modules, lora.rank) if lora is not None else 0, config=cfg)
-    counts.text, counts.vae = encoder_counts(family, path, tiny, cfg)
-    return counts
+    blocks = tuple(sum(p.numel() for p in b.parameters()) for attr in BLOCKS[family] for b in getattr(model, attr))
+    linears = tuple((n, m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    return (sum(p.numel() for _, p in params), sum(p.numel() for n, p in params if keep & set(n.split("."))),
+            blocks, tuple((p.shape[0], p.numel()) for _, p in params), linears)
 
 
 def numel(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def encoder_counts(family: str, path: str | None, tiny: bool, cfg: dict) -> tuple[dict[str, int], int]:
+@lru_cache(maxsize=None)
+def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str, int], int]:
     """({text encoder: parameters}, VAE parameters) resident next to the transformer."""
     if tiny:
         from flowrl.policies import tiny as presets
