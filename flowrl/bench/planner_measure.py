@@ -28,7 +28,7 @@ ONE_ITERATION = ["train.iterations=1", "eval.before=false", "eval.after=false", 
 CASES = {
     "toy": ("configs/toy/grpo.yaml", []),
     "tiny_sd3": ("configs/sd35/grpo_pickscore.yaml",
-                 ["policy.tiny=true", "policy.dtype=float32", "run.mixed_precision=no", "sampler.height=32",
+                 ["policy.tiny=true", "policy.dtype=float32", "run.mixed_precision='no'", "sampler.height=32",
                   "sampler.width=32", "sampler.steps=4", "sampler.chunk=4", "train.prompts_per_iter=4",
                   "train.group_size=4", "train.micro_batch=4", "rewards={jpeg_compressibility: 1.0}",
                   "train.ema_decay=0.9"]),
@@ -55,19 +55,20 @@ def worker(out: str, config: str, overrides: list[str]) -> None:
 
     cfg = load_config(config, overrides)
     rss0 = status_kib("VmRSS")
+    torch.set_num_threads(1)
 
-    def run():
+    def build():
         from flowrl.training.trainer import Trainer
 
-        trainer = Trainer(cfg)
-        trainer.iteration(0)
-        return trainer.dist.world
+        return Trainer(cfg)
 
-    torch.set_num_threads(1)
-    world, peak, _ = peak_allocated(run)
+    trainer, build_peak, held = peak_allocated(build)
+    _, iteration_peak, _ = peak_allocated(lambda: trainer.iteration(0))
     rank = int(os.environ.get("RANK", "0"))
     Path(f"{out}.rank{rank}.json").write_text(json.dumps(
-        {"peak_allocated": peak, "rss_above_start": (status_kib("VmHWM") - rss0) * 1024, "world": world}))
+        {"peak_allocated": max(build_peak, held + iteration_peak), "build_peak": build_peak, "held_after_build": held,
+         "iteration_peak_above_held": iteration_peak, "rss_above_start": (status_kib("VmHWM") - rss0) * 1024,
+         "world": trainer.dist.world}))
 
 
 def free_port() -> int:
@@ -123,8 +124,38 @@ def measure(quick: bool = False) -> dict:
             "cases": cases}
 
 
+RECIPE_DIRS = ("configs/sd35", "configs/flux", "configs/wan21", "configs/toy")
+
+
+def recipe_table(gpu_mem: float = 80.0) -> str:
+    """Markdown rows: every shipped recipe's predicted peak per process on 1 GPU, 8 GPUs as written and 8 GPUs
+    with ``dist.fsdp=true``, and the first single change that fits where it does not (docs/memory.md)."""
+    from flowrl.config import check_geometry, load_config
+    from flowrl.planning import plan
+
+    rows = ["| recipe | model | 1 GPU | 8 GPUs | 8 GPUs + FSDP | change first (1 GPU) |", "|---|---|---|---|---|---|"]
+    for path in sorted(p for d in RECIPE_DIRS for p in (REPO / d).rglob("*.yaml")):
+        cells = []
+        for gpus, extra in ((1, []), (8, []), (8, ["dist.fsdp=true"])):
+            cfg = load_config(path, extra)
+            try:
+                check_geometry(cfg, gpus)
+            except Exception as err:                       # the recipe's batch does not split over 8
+                cells.append(("n/a: " + str(err).split(";")[0], None))
+                continue
+            p = plan(cfg, gpus, gpu_mem, remedies=gpus == 1)
+            cells.append((f"{p.peak / 2**30:.1f} GiB {'fits' if p.fits else '**does not fit**'}", p))
+        one = cells[0][1]
+        first = next((r["change"] for r in one.remedies if r.get("fits")), "combine changes") if not one.fits else ""
+        figures = " | ".join(c for c, _ in cells)
+        rows.append(f"| `{path.relative_to(REPO)}` | {one.model} | {figures} | {first} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--quick":
+    if len(sys.argv) > 1 and sys.argv[1] == "--table":
+        print(recipe_table())
+    elif len(sys.argv) > 1 and sys.argv[1] == "--quick":
         print(json.dumps(measure(quick=True)))
     elif len(sys.argv) > 2:
         worker(sys.argv[1], sys.argv[2], sys.argv[3:])
