@@ -2,7 +2,6 @@
 formula equals torch's AdamW state, a typo'd key fails in the loader first; the validation against measured CPU
 peaks is slow (``flowrl.bench.planner_measure``)."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,8 @@ def flat_activations(monkeypatch):
 
 @pytest.mark.parametrize("family", ["sd3", "flux", "wan"])
 def test_transformer_counts_equal_meta_instantiation(family):
-    from flowrl.bench.benchmarks.gpu import build_transformer, load_config as published
+    from flowrl.bench.benchmarks.gpu import build_transformer
+    from flowrl.bench.benchmarks.gpu import load_config as published
 
     model = build_transformer(published(family), "meta", torch.bfloat16)
     c = models.count(family, None, False, None)
@@ -98,5 +98,5 @@ def test_verdict_names_a_remedy_when_it_does_not_fit(flat_activations):
 def test_planner_within_20_percent_of_measured_cpu_peaks():
     from flowrl.bench.planner_measure import measure
 
-    result = measure(quick="--full" not in sys.argv)
+    result = measure(quick=False)
     assert result["planner_max_rel_error"] < 0.2, result

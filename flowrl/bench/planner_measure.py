@@ -144,7 +144,8 @@ def recipe_table(gpu_mem: float = 80.0) -> str:
                 cells.append(("n/a: " + str(err).split(";")[0], None))
                 continue
             p = plan(cfg, gpus, gpu_mem, remedies=gpus == 1)
-            cells.append((f"{p.peak / 2**30:.1f} GiB {'fits' if p.fits else '**does not fit**'}", p))
+            size = f"{p.peak / 2**30:.1f} GiB" if p.peak >= 2**30 else f"{p.peak / 2**20:.0f} MiB"
+            cells.append((f"{size} {'fits' if p.fits else '**does not fit**'}", p))
         one = cells[0][1]
         first = next((r["change"] for r in one.remedies if r.get("fits")), "combine changes") if not one.fits else ""
         figures = " | ".join(c for c, _ in cells)

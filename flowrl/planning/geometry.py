@@ -7,12 +7,13 @@ f is the VAE factor (8; the tiny SD3 / FLUX presets 1, the toy works in pixels: 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
 @dataclass
 class Geometry:
+    """One sample's sizes (elements, tokens)."""
+
     image_tokens: int
     text_tokens: int
     width: int                  # D = num_attention_heads × attention_head_dim
@@ -50,4 +51,4 @@ def geometry(family: str, tcfg: dict, tiny: bool, height: int, width: int, frame
         img, latent = (h // p) * (w // p), tcfg["in_channels"] * h * w
         text = 16 if family == "toy" else 77 + max_sequence_length
     cond = text * tcfg["joint_attention_dim"] + tcfg["pooled_projection_dim"]
-    return Geometry(img, text, d, latent, cond, 3 * height * width * math.prod([frames or 1]))
+    return Geometry(img, text, d, latent, cond, 3 * height * width)
