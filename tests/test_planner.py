@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def flat_activations(monkeypatch):
     """Bookkeeping tests: a constant activation coefficient instead of the measured probe."""
-    k = activations.Coefficients(1.0, 1.0, 1.0, 1.0, 1.0, {})
+    k = activations.Coefficients(1.0, 1.0, 1.0, 1.0, 1.0, (1.0, 1.0, 1.0, 1.0), {})
     monkeypatch.setattr(activations, "coefficients", lambda *a, **kw: k)
 
 

@@ -4,7 +4,8 @@ Probe (CPU, float32, ``counter.peak_allocated``): the run's transformer config w
 of each kind) and at most ``PROBE_WIDTH`` wide (heads cut, head_dim kept; Wan's FFN and SD3's caption projection
 cut in proportion), the run's LoRA targets at rank r·D₀/D (the adapter's share of the width stays the run's),
 ``PROBE_ROWS`` rows of synthetic inputs at the run's token geometry (image tokens capped at ``PROBE_TOKENS``).
-Peak bytes above entry of one transformer call (+ backward of a mean-square loss), then per row·token·width·byte
+Peak bytes above entry of one transformer call (+ backward of a mean-square loss), and the bytes its graph holds
+between forward and backward (the ``held`` figures, fitted the same way), then per row·token·width·byte
 
     k_block = (a₂ − a₁) / u,   k_rest = a₁ / u − k_block,   u = B₀·T₀·D₀·4
 
@@ -38,11 +39,18 @@ class Coefficients:
     block_ckpt: float            # per block with gradient checkpointing (the block's saved inputs)
     rest_ckpt: float             # the rest with checkpointing (incl. one block recomputed in backward)
     forward: float               # one forward without grad (the rollout's transient)
+    saved: tuple                 # (block, rest, block_ckpt, rest_ckpt) held between forward and backward
     probe: dict                  # what was measured
 
     def train(self, units: float, checkpointing: bool) -> float:
+        """Forward + backward peak, per row · token · width · byte."""
         return units * (self.block_ckpt if checkpointing else self.block) + (
             self.rest_ckpt if checkpointing else self.rest)
+
+    def held(self, units: float, checkpointing: bool) -> float:
+        """What the graph holds after the forward (before backward), per row · token · width · byte."""
+        block, rest, block_ck, rest_ck = self.saved
+        return units * (block_ck if checkpointing else block) + (rest_ck if checkpointing else rest)
 
 
 def narrow(family: str, cfg: dict, blocks: int) -> dict:
@@ -84,8 +92,9 @@ def inputs(family: str, cfg: dict, image_tokens: int, text_tokens: int, rows: in
 
 
 def probe_bytes(family: str, cfg: dict, rank: int | None, checkpointing: bool, grad: bool, image_tokens: int,
-                text_tokens: int) -> int:
-    """Peak bytes above entry of one call of the probe transformer ``cfg`` (+ its backward when ``grad``)."""
+                text_tokens: int) -> tuple[int, int]:
+    """(peak bytes above entry of one call of the probe transformer ``cfg`` and, when ``grad``, its backward;
+    bytes the graph holds between them)."""
     from flowrl.planning.counter import peak_allocated
     from flowrl.planning.models import build
     from flowrl.policies import POLICIES
@@ -101,14 +110,16 @@ def probe_bytes(family: str, cfg: dict, rank: int | None, checkpointing: bool, g
     model.train(grad)
     kw = inputs(family, cfg, image_tokens, text_tokens, PROBE_ROWS)
 
-    def call():
+    def forward():
         with torch.set_grad_enabled(grad):
             x = kw["hidden_states"].clone().requires_grad_(grad and rank is None)
-            out = model(**{**kw, "hidden_states": x}, return_dict=False)[0]
-            if grad:
-                out.float().square().mean().backward()
+            return model(**{**kw, "hidden_states": x}, return_dict=False)[0]
 
-    return peak_allocated(call)[1]
+    out, peak, held = peak_allocated(forward)
+    if not grad:
+        return peak, 0
+    backward = peak_allocated(lambda: out.float().square().mean().backward())[1]
+    return max(peak, held + backward), held
 
 
 @lru_cache(maxsize=None)
@@ -125,11 +136,18 @@ def coefficients(family: str, cfg_json: str, rank: int | None, image_tokens: int
     d0 = probes[1]["num_attention_heads"] * probes[1]["attention_head_dim"]
     r0 = None if rank is None else max(1, round(rank * d0 / width))
     unit = PROBE_ROWS * (img + text_tokens) * d0 * 4
-    a = {(n, ck): probe_bytes(family, probes[n], r0, ck, True, img, text_tokens) for n in (1, 2) for ck in (0, 1)}
-    fwd = probe_bytes(family, probes[2], r0, False, False, img, text_tokens)
-    block, block_ck = (a[2, 0] - a[1, 0]) / unit, (a[2, 1] - a[1, 1]) / unit
-    return Coefficients(block=block, rest=a[1, 0] / unit - block, block_ckpt=block_ck,
-                        rest_ckpt=a[1, 1] / unit - block_ck, forward=fwd / unit,
+    both = {(n, ck): probe_bytes(family, probes[n], r0, ck, True, img, text_tokens) for n in (1, 2) for ck in (0, 1)}
+    fwd = probe_bytes(family, probes[2], r0, False, False, img, text_tokens)[0]
+
+    def fit(a: dict) -> tuple[float, float, float, float]:
+        """(block, rest, block_ckpt, rest_ckpt) from the 1- and 2-block figures."""
+        block, block_ck = (a[2, 0] - a[1, 0]) / unit, (a[2, 1] - a[1, 1]) / unit
+        return block, a[1, 0] / unit - block, block_ck, a[1, 1] / unit - block_ck
+
+    a = {key: v[0] for key, v in both.items()}
+    block, rest, block_ck, rest_ck = fit(a)
+    return Coefficients(block=block, rest=rest, block_ckpt=block_ck, rest_ckpt=rest_ck, forward=fwd / unit,
+                        saved=fit({key: v[1] for key, v in both.items()}),
                         probe={"bytes": {f"{n}_blocks{'_ckpt' if ck else ''}": v for (n, ck), v in a.items()},
                                "forward_bytes": fwd, "rows": PROBE_ROWS, "tokens": img + text_tokens, "width": d0,
                                "lora_rank": r0})

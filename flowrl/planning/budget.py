@@ -1,11 +1,11 @@
 """Per-process memory of a run: every resident item, the two activation phases, the peak and the verdict.
 
     peak = Σ resident + max(rollout forward at sampler.chunk rows, training forward + backward at micro_batch rows)
-           + FSDP's gathered units (the root + 3 blocks)      where sharded
+           + FSDP's gathered units (the root + (3 + 1/N) blocks)      where sharded
 
 FSDP2 keeps the root unit gathered through a call and, per block, the running block's unsharded weights plus the
-prefetched next block's all-gather output and its copy-out destination: 3 blocks (measured on the toy, 2 CPU
-processes: 3.3 blocks above the unsharded peak with grad, 2.75 without).
+prefetched next block's all-gather input (its 1/N shard copied), output and copy-out destination: 3 + 1/N blocks
+(measured on the toy transformer, 2 CPU processes: 3.3 blocks above the unsharded peak with grad, 2.75 without).
 
 Resident: transformer weights (load dtype; _keep_in_fp32 modules 4 bytes), LoRA adapters (float32, every name:
 "train", "old", …), full fine-tune's frozen "old" and base copies, gradients and AdamW's two moments of the
@@ -131,9 +131,9 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     train_rows = mb * cfg_rows(family, cfg, tw, True)
     train = train_rows * unit * k.train(units, pc.gradient_checkpointing)
     if getattr(cfg.objective.config, "beta_kl", 0) > 0:                # a reference forward while the graph lives
-        train += train_rows * unit * k.forward
+        train = max(train, train_rows * unit * (k.held(units, pc.gradient_checkpointing) + k.forward))
     adapters_per_block = len(lora.names) * c.lora * 4 / len(c.blocks) if lora is not None else 0
-    gathered = c.root * ec + 3 * (max(c.blocks) * ec + adapters_per_block)
+    gathered = c.root * ec + (3 + 1 / n) * (max(c.blocks) * ec + adapters_per_block)
     phases = {"rollout activations": rollout, "train activations": train,
               "FSDP gathered units": gathered if sharded else 0}
     peak = sum(items.values()) + max(rollout, train) + phases["FSDP gathered units"]
