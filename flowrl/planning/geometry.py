@@ -1,0 +1,54 @@
+"""Per-sample sizes a run's config implies: transformer tokens and width, latent, text-conditioning, pixel elements.
+
+    tokens = image tokens + text tokens;  image tokens: (H/f/p)(W/f/p) (SD3, toy), (H/2f)(W/2f) (FLUX packing),
+             F'·(H/f/p)(W/f/p) with F' = (F − 1)/4 + 1 (Wan);   text: 77 + max_sequence_length (SD3), 16 (toy),
+             max_sequence_length (FLUX, Wan);   width D = heads × head_dim
+f is the VAE factor (8; the tiny SD3 / FLUX presets 1, the toy works in pixels: 1), p the transformer patch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Geometry:
+    """One sample's sizes (elements, tokens)."""
+
+    image_tokens: int
+    text_tokens: int
+    width: int                  # D = num_attention_heads × attention_head_dim
+    latent: int                 # latent elements per sample
+    cond: int                   # text-conditioning elements per sample (embeddings + pooled)
+    pixels: int                 # decoded pixel elements per sample
+
+    @property
+    def tokens(self) -> int:
+        return self.image_tokens + self.text_tokens
+
+
+def vae_factor(family: str, tiny: bool) -> int:
+    return 1 if family == "toy" or (tiny and family in ("sd3", "flux")) else 8
+
+
+def geometry(family: str, tcfg: dict, tiny: bool, height: int, width: int, frames: int | None,
+             max_sequence_length: int | None) -> Geometry:
+    """The sizes of one sample of ``family`` at H × W (× F frames) for transformer config ``tcfg``."""
+    f = vae_factor(family, tiny)
+    d = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+    h, w = height // f, width // f
+    if family == "wan":
+        p = tcfg["patch_size"]
+        ft = (frames - 1) // 4 + 1
+        img = ft * (h // p[1]) * (w // p[2])
+        latent = tcfg["in_channels"] * ft * h * w
+        text = max_sequence_length
+        cond = text * tcfg["text_dim"]
+        return Geometry(img, text, d, latent, cond, 3 * frames * height * width)
+    if family == "flux":
+        img, latent, text = (h // 2) * (w // 2), tcfg["in_channels"] // 4 * h * w, max_sequence_length
+    else:
+        p = tcfg["patch_size"]
+        img, latent = (h // p) * (w // p), tcfg["in_channels"] * h * w
+        text = 16 if family == "toy" else 77 + max_sequence_length
+    cond = text * tcfg["joint_attention_dim"] + tcfg["pooled_projection_dim"]
+    return Geometry(img, text, d, latent, cond, 3 * height * width)
