@@ -1,6 +1,6 @@
 """Cluster-operation benchmark: what a preempted, restarted or resharded job keeps (the cluster-operation issue).
 
-    python scripts/bench.py cluster [--parts sigterm,dcp] [--tries 10 --iterations 16 --seed 0] [--quick]
+    python scripts/bench.py cluster [--parts sigterm,dcp,planner] [--tries 10 --iterations 16 --seed 0] [--quick]
 
 - ``sigterm`` [``sigterm_ok``, ``sigterm_tries``]: a tiny toy run (CPU, one thread, ``checkpoint.every=0``: no
   periodic checkpoint to fall back on) is started as a job array would, ``scripts/train.py --resume auto ...``,
@@ -15,6 +15,10 @@
   under FSDP, the resident-set high-water mark over one save with DCP vs the full-gather path (the larger
   process of each), and a DCP checkpoint resumed on 2 processes (bitwise the uninterrupted run) and on 1
   (bitwise the same resume from the full-gather checkpoint).
+
+- ``planner`` [``planner_max_rel_error``]: ``flowrl.bench.planner_measure`` — ``scripts/plan.py``'s predicted
+  per-process peak against the measured peak of torch's CPU allocations over one training iteration (toy and
+  tiny SD3, 1 and 2 processes), the largest relative error.
 
 Parts are independent; each adds its own keys (``--parts`` picks them). The last line printed is the JSON result.
 ``--quick`` (2 trials of 4 iterations) checks the script end to end; its tallies are not results.
@@ -39,7 +43,7 @@ LINE = re.compile(r"preempted at iteration (\d+): checkpoint (\S+);")
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.py cluster", description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="sigterm,dcp", help=f"comma-separated parts of {sorted(PARTS)}")
+    ap.add_argument("--parts", default="sigterm,dcp,planner", help=f"comma-separated parts of {sorted(PARTS)}")
     ap.add_argument("--tries", type=int, default=10, help="SIGTERM trials")
     ap.add_argument("--iterations", type=int, default=16, help="iterations of each tiny run")
     ap.add_argument("--seed", type=int, default=0, help="seeds the signal times")
@@ -154,7 +158,15 @@ def dcp_part(out_dir: Path, args: argparse.Namespace) -> dict:
     return dcp_measure.measure_detail(args.quick, out_dir)
 
 
-PARTS = {"sigterm": sigterm_part, "dcp": dcp_part}
+def planner_part(out_dir: Path, args: argparse.Namespace) -> dict:
+    """The memory planner's predicted peak against the measured CPU peak of one training iteration, toy and
+    tiny SD3 on 1 and 2 processes (``flowrl.bench.planner_measure``, which says how)."""
+    from flowrl.bench import planner_measure
+
+    return planner_measure.measure(args.quick)
+
+
+PARTS = {"sigterm": sigterm_part, "dcp": dcp_part, "planner": planner_part}
 
 
 def main(argv: list[str]) -> dict:
