@@ -23,16 +23,23 @@ def iteration_functions(overrides: list[str]) -> dict[str, list[str]]:
 
     trainer = Trainer(load_config(REPO / "configs/toy/grpo.yaml", overrides))
     trainer.iteration(0)
-    seen = {}
+    seen, where = {}, {}
+
+    def library_file(filename: str) -> str | None:
+        """The repo-relative path of a library file, None elsewhere (cached: this runs on every call)."""
+        if filename not in where:
+            try:
+                rel = Path(filename).resolve().relative_to(REPO).as_posix()
+            except ValueError:
+                rel = None
+            where[filename] = rel if rel and rel.startswith(("flowrl/", "samplers/", "rewards/")) else None
+        return where[filename]
 
     def profile(frame, event, arg):
         if event != "call" or frame.f_code.co_name.startswith("<"):
             return
-        try:
-            rel = Path(frame.f_code.co_filename).resolve().relative_to(REPO).as_posix()
-        except ValueError:
-            return
-        if rel.startswith(("flowrl/", "samplers/", "rewards/")):
+        rel = library_file(frame.f_code.co_filename)
+        if rel is not None:
             seen[(rel, frame.f_code.co_firstlineno)] = frame.f_code
 
     sys.setprofile(profile)
