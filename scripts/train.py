@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> dict | None:
         return summary
     if int(os.environ.get("RANK", "0")) == 0:          # one report per run, not one per process
         report(summary)
-        print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/<tag>/index.html)")
+        print(f"\nrun directory: {cfg.run_dir}  (config.yaml, metrics.jsonl, checkpoints/, eval/index.html)")
+        if summary.get("before_after"):
+            print(f"before | after (same prompts and seeds): {summary['before_after']}")
     return summary
 
 

@@ -2,7 +2,7 @@
 before / after gallery.
 
     front_summary(results, "grpo", sweep_betas, guards)   # → plot_reward_space input
-    gallery(gallery_columns(raw, "grpo", "normguard"), "hacking_grpo_gallery.png", rows=4, cols=3)
+    side_by_side(gallery_columns(raw, "grpo", "normguard"), "hacking_grpo_gallery.png", rows=4, cols=3)
 
 The scatter puts each method at its seed-mean (palette ratio, held-out strict gain) with ± 1 standard error over
 seeds on both axes; the KL-β sweep (β = 0 is the unguarded run) is grey and labelled "beta=…", the guards coloured and
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PIL import Image, ImageDraw
-
 from flowrl.bench.paths import rel
+from flowrl.eval.before_after import side_by_side
 
 AXES = ("palette ratio", "strict gain")
-PAGE_ROWS = 8          # write_grids' rows_per_page: a page holds 1 to 8 prompts
 
 
 def front_summary(results: dict, base: str, betas: dict[str, float], guards: list[str]) -> dict:
@@ -34,44 +32,6 @@ def front_summary(results: dict, base: str, betas: dict[str, float], guards: lis
             entry.update(weights=[betas[name]], label=f"beta={betas[name]:g}")  # ASCII, as the figures and JSON name it
         methods[name] = entry
     return {"rewards": list(AXES), "base": [1.0, 0.0], "methods": methods}
-
-
-def grid_rows(path: str | Path, rows: int, cols: int) -> Image.Image:
-    """The first ``rows`` prompts of an evaluation grid page (``flowrl.eval.run.write_grids``: up to
-    ``PAGE_ROWS`` prompts × ``cols`` seeds with captions); the whole page when its size matches no such layout."""
-    from flowrl.eval.grid import grid_layout
-
-    img = Image.open(path).convert("RGB")
-    probe = grid_layout(1, cols, 1, 1)
-    tile = (img.width - probe.pad - probe.label_w) // cols - probe.pad
-    for page_rows in range(1, PAGE_ROWS + 1):
-        for lines in range(1, 5):
-            layout = grid_layout(page_rows, cols, tile, tile, caption_lines=lines)
-            if (layout.width, layout.height) == img.size:
-                return img.crop((0, 0, img.width, layout.tile_origin(min(rows, page_rows), 0)[0]))
-    return img
-
-
-def gallery(columns: list[tuple[str, str | Path]], out: str | Path, rows: int = 4, cols: int = 3) -> Path:
-    """Grid pages side by side, each under its title: [(title, grid PNG path)] → one PNG at ``out``."""
-    from flowrl.eval.grid import font, line_height
-
-    if not columns:
-        raise ValueError("gallery: no columns given")
-    pages = [(title, grid_rows(path, rows, cols)) for title, path in columns]
-    fnt = font(16)
-    head = line_height(fnt) + 12
-    img = Image.new("RGB", (sum(p.width for _, p in pages), head + max(p.height for _, p in pages)), "white")
-    draw, x = ImageDraw.Draw(img), 0
-    for title, page in pages:
-        draw.text((x + 8, 6), title, fill=(0, 0, 0), font=fnt)
-        img.paste(page, (x, head))
-        draw.line([(x, 0), (x, img.height)], fill=(200, 200, 200), width=1)
-        x += page.width
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    img.save(out, optimize=True)
-    return out
 
 
 def gallery_columns(raw: dict, base: str, guard: str | None,
@@ -111,7 +71,7 @@ def draw(lib, where: Path, results: dict, raw: dict, fronts: dict, guards: dict,
                                                              metric="palette", x="iteration"))
             columns = gallery_columns(raw, base, best.get(base) and best[base].split("/")[1], set(results))
             if columns:
-                out[f"{base}_gallery"] = rel(gallery(columns, where / f"hacking_{base}_gallery.png", cols=cols))
+                out[f"{base}_gallery"] = rel(side_by_side(columns, where / f"hacking_{base}_gallery.png", cols=cols))
         except Exception as e:
             out[f"{base}_error"] = repr(e)
     return out

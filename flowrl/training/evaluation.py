@@ -103,6 +103,17 @@ class Evaluator:
         self.dist.barrier()
         return summary
 
+    def compare(self, before: str = "before", after: str = "after") -> Path | None:
+        """``<run dir>/eval/before_after.png`` (the two evaluations' first grid pages side by side: same prompts,
+        same seeds) and ``eval/index.html`` linking every evaluation; main process only, None elsewhere or for
+        video grids (``flowrl.eval.before_after``)."""
+        from flowrl.eval.before_after import write_before_after
+
+        if not self.dist.is_main:
+            return None
+        rows = max(1, min(8, self.e.grid_prompts))
+        return write_before_after(self.run_dir / "eval", cols=len(self.e.seeds), rows=rows, tags=(before, after))
+
     def sample_and_score(self, step: int, tag: str, out_dir: Path) -> dict:
         """One evaluation into ``out_dir``: its summary (the first one is the drift alarms' base)."""
         from flowrl.eval import run_eval

@@ -102,6 +102,8 @@ class Trainer:
                     summary["preempted"] = self.preempted(preempt.received, path)
                 elif cfg.eval.after:
                     summary["after"] = self.evaluator.evaluate(self.state.iteration, "after", logger)
+                    if "before" in summary:
+                        summary["before_after"] = self.evaluator.compare("before", "after")
             finally:
                 bar.close()
                 logger.close()

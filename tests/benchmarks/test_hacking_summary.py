@@ -2,15 +2,12 @@
 partial run, the headline targets, and its figures (scatter input, gallery crop of a real evaluation grid)."""
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
 from flowrl.bench import hacking_figures as figs
 from flowrl.bench import learning_lib
 from flowrl.bench.benchmarks import hacking
-from flowrl.eval.grid import make_grid
-from flowrl.eval.media import save_png
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,25 +63,6 @@ def test_front_summary_labels_the_sweep_by_beta_and_keeps_guards_named(tmp_path)
     assert s["methods"]["normguard"]["point"] == [1.1, 0.07] and s["base"] == [1.0, 0.0]
     plot = learning_lib.plot_reward_space(s, tmp_path / "front.png")
     assert Image.open(plot).size[1] > 0
-
-
-def test_gallery_crops_each_grid_page_to_its_first_prompts(tmp_path):
-    rng = np.random.default_rng(0)
-    tiles = rng.integers(0, 255, (8, 3, 32, 32, 3), dtype=np.uint8)
-    captions = [[f"palette_distance=0.0{r}\nshapes=1\nshapes_clean=1" for _ in range(3)] for r in range(8)]
-    page = make_grid(tiles, [f"{r}. prompt" for r in range(8)], ["seed 0", "seed 1", "seed 2"], captions,
-                     caption_lines=3)
-    path = save_png(page, tmp_path / "grid_000.png")
-    crop = figs.grid_rows(path, rows=2, cols=3)
-    assert crop.width == page.shape[1] and crop.height < page.shape[0] / 3
-    assert np.array_equal(np.asarray(crop), page[:crop.height])      # the top of the page, untouched
-    out = figs.gallery([("before", path), ("after", path)], tmp_path / "g.png", rows=2, cols=3)
-    img = Image.open(out)
-    assert img.width == 2 * page.shape[1] and img.height > crop.height
-    short = make_grid(tiles[:3], ["0. a", "1. b", "2. c"], ["seed 0", "seed 1", "seed 2"], captions[:3],
-                      caption_lines=3)                                  # a last page of 3 prompts
-    crop = figs.grid_rows(save_png(short, tmp_path / "grid_001.png"), rows=2, cols=3)
-    assert crop.height < short.shape[0] and np.array_equal(np.asarray(crop), short[:crop.height])
 
 
 def test_a_hack_that_lost_the_gain_leaves_the_share_undefined_and_a_better_guard_keeps_it():

@@ -42,6 +42,8 @@ def test_toy_objective_end_to_end(tmp_path, objective):
     assert "eval/palette_distance/mean" in out["after"]
     for tag in ("before", "after"):
         assert (tmp_path / "run" / "eval" / tag / "grid_000.png").is_file()
+    assert out["before_after"] == tmp_path / "run" / "eval" / "before_after.png" and out["before_after"].is_file()
+    assert "after/index.html" in (tmp_path / "run" / "eval" / "index.html").read_text()
 
 
 TINY = {  # family: (objective, kernel, extra overrides)
