@@ -1,0 +1,117 @@
+"""Regime benchmark: where the card's features pay, and the default job a newcomer runs first.
+
+    python scripts/bench.py regime [--parts default_job] [--seeds 0,1,2] [--out DIR] [--quick]
+
+- ``default_job`` [``default_job_wall_s``, ``default_job_gain``, ``default_job_palette_ratio``]: ``python
+  scripts/train.py run.seed=S`` exactly as a newcomer runs it (``configs/default.yaml`` as shipped, one subprocess
+  per training seed, the evaluation seeds fixed by the recipe), timed end to end (start-up, model load, both
+  evaluations, training). Per seed: held-out strict gain (after − before), palette-distance ratio (after ÷ before),
+  the drift alarms raised by the "after" evaluation, and whether ``eval/before_after.png`` was written. The headline
+  keys are the seed means (``_se``: standard error over seeds); ``default_job_wall_s`` is the slowest seed's wall.
+
+The regime study's keys — ``tree_nfe_to_flat_final``, ``dts_nfe_to_bestofn``, ``pool_nfe_ratio``,
+``pool_strict_gap``, ``balancer_worst_margin`` — are null until their parts run; ``not_run`` names them. The last
+line printed is the JSON result. ``--quick`` (2 iterations, 4 prompts, one seed) checks the script end to end; its
+figures are not results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from flowrl.bench.paths import REPO
+
+STUDY_KEYS = ("tree_nfe_to_flat_final", "dts_nfe_to_bestofn", "pool_nfe_ratio", "pool_strict_gap",
+              "balancer_worst_margin")
+TARGETS = {"default_job_wall_s": "<= 300", "default_job_gain": ">= 0.08", "default_job_palette_ratio": "<= 1.25",
+           "default_job_alarms": "none"}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.py regime", description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", default="default_job", help=f"comma-separated parts of {sorted(PARTS)}")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds of the default job")
+    ap.add_argument("--out", default=None, help="run directories go here (default: a temporary folder)")
+    ap.add_argument("--quick", action="store_true", help="end-to-end check of the script")
+    args = ap.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")][:1 if args.quick else None]
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        ap.error(f"--parts: unknown {unknown}; choose from {sorted(PARTS)}")
+    return args
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error over seeds (None for one seed)."""
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, None
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def job_figures(run_dir: Path) -> dict:
+    """Before/after figures of one finished default-job run, read from its ``metrics.jsonl``."""
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in recs if "eval/shapes/strict/mean" in r]
+    if len(evals) < 2:
+        raise RuntimeError(f"regime: {run_dir} holds {len(evals)} evaluations, not before and after")
+    before, after = evals[0], evals[-1]
+    return {"strict_before": before["eval/shapes/strict/mean"], "strict_after": after["eval/shapes/strict/mean"],
+            "gain": after["eval/shapes/strict/mean"] - before["eval/shapes/strict/mean"],
+            "palette_ratio": after["eval/palette_distance/mean"] / before["eval/palette_distance/mean"],
+            "alarms": sorted(k[len("eval/alarm/"):] for k, v in after.items() if k.startswith("eval/alarm/") and v),
+            "before_after_png": (run_dir / "eval" / "before_after.png").is_file()}
+
+
+def run_default_job(seed: int, out: Path, quick: bool) -> dict:
+    """``scripts/train.py run.seed=<seed>`` in a subprocess as shipped (``--quick``: 2 iterations, 4 prompts)."""
+    name = f"default_s{seed}"
+    cmd = [sys.executable, str(REPO / "scripts/train.py"), f"run.seed={seed}", f"run.name={name}",
+           f"run.output_dir={out}", "log.progress=false"]
+    if quick:
+        cmd += ["train.iterations=2", "eval.num_prompts=4"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"regime: default job seed {seed} exited {proc.returncode}: {proc.stderr[-400:]}")
+    printed = "before | after (same prompts and seeds):" in proc.stdout
+    return {"seed": seed, "wall_s": round(wall, 1), "printed_before_after": printed, **job_figures(out / name)}
+
+
+def default_job(args, out: Path) -> dict:
+    runs = [run_default_job(s, out, args.quick) for s in args.seeds]
+    gain, gain_se = mean_se([r["gain"] for r in runs])
+    ratio, ratio_se = mean_se([r["palette_ratio"] for r in runs])
+    return {"default_job_wall_s": max(r["wall_s"] for r in runs), "default_job_gain": gain,
+            "default_job_gain_se": gain_se, "default_job_palette_ratio": ratio,
+            "default_job_palette_ratio_se": ratio_se,
+            "default_job_alarms": sorted({a for r in runs for a in r["alarms"]}),
+            "default_job_runs": runs}
+
+
+PARTS = {"default_job": default_job}
+
+
+def main(argv: list[str]) -> dict:
+    args = parse(argv)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_regime_"))
+    result: dict = {"bench": "regime", "quick": args.quick, "parts": args.parts, "seeds": args.seeds}
+    result.update({k: None for k in STUDY_KEYS})
+    for part in args.parts:
+        result.update(PARTS[part](args, out))
+    result["not_run"] = list(STUDY_KEYS)
+    result["targets"] = TARGETS
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))
