@@ -5,10 +5,9 @@ The text encoders are decoder LMs read through ``output_hidden_states``; the tin
 *indices* valid (FLUX.2 dev reads hidden states 10, 20, 30 and klein 9, 18, 27, so they have 30 layers of width
 16), which keeps every ``Config`` default the published one. Tokenizers are BPE models trained here
 (``tiny._train_bpe``) with each family's special tokens and a chat template set in code: ``QWEN_TEMPLATE``
-renders Qwen3's
-``enable_thinking`` switch (False appends the empty ``<think>\\n\\n</think>\\n\\n`` block, as Qwen3's own template
-does), ``MISTRAL_TEMPLATE`` the system / user turns of Mistral Small 3 with text content lists. FLUX.2 dev's
-tokenizer is a ``PixtralProcessor`` (the pipeline calls ``processor.apply_chat_template``).
+renders Qwen3's ``enable_thinking`` switch (False appends the empty ``<think>\\n\\n</think>\\n\\n`` block, as
+Qwen3's own template does), ``MISTRAL_TEMPLATE`` the system / user turns of Mistral Small 3 with text content
+lists. FLUX.2 dev's tokenizer is a ``PixtralProcessor`` (the pipeline calls ``processor.apply_chat_template``).
 """
 from __future__ import annotations
 
