@@ -53,20 +53,21 @@ def mistral_processor(model_max_length: int = 512):
                             chat_template=MISTRAL_TEMPLATE)
 
 
-def qwen3_encoder(num_layers: int = 30, causal_lm: bool = True):
-    """Qwen3 (Qwen3ForCausalLM as FLUX.2 klein loads it, or the bare Qwen3Model as Z-Image does), width 16."""
+def qwen3_encoder(num_layers: int = 30, causal_lm: bool = True, width: int = TEXT_WIDTH):
+    """Qwen3 (Qwen3ForCausalLM as FLUX.2 klein loads it, or the bare Qwen3Model as Z-Image does); 2 heads of 8."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
 
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=TEXT_WIDTH, intermediate_size=32, num_hidden_layers=num_layers,
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=width, intermediate_size=32, num_hidden_layers=num_layers,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=512,
                       pad_token_id=0, tie_word_embeddings=True)
     return (Qwen3ForCausalLM if causal_lm else Qwen3Model)(cfg).eval()
 
 
-def mistral3_encoder():
+def mistral3_encoder(width: int = TEXT_WIDTH):
+    """Mistral3ForConditionalGeneration: a 30-layer Mistral text model of ``width`` and a 1-layer Pixtral tower."""
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, PixtralVisionConfig
 
-    text = MistralConfig(vocab_size=VOCAB, hidden_size=TEXT_WIDTH, intermediate_size=32, num_hidden_layers=30,
+    text = MistralConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=32, num_hidden_layers=30,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=512,
                          pad_token_id=3, bos_token_id=1, eos_token_id=2)
     vision = PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -76,15 +77,16 @@ def mistral3_encoder():
     return Mistral3ForConditionalGeneration(cfg).eval()
 
 
-def flux2_vae(seed: int):
-    """AutoencoderKLFlux2, factor 1, 4 latent channels (16 after the 2×2 patchify); BatchNorm running statistics
-    set to non-trivial values so the pipeline's normalisation is exercised."""
+def flux2_vae(seed: int, blocks: int = 1, latent_channels: int = 4):
+    """AutoencoderKLFlux2 of factor 2^(blocks − 1) (default 1) and ``latent_channels`` (×4 after the 2×2
+    patchify); BatchNorm running statistics set to non-trivial values so the pipeline's normalisation is exercised."""
     from diffusers import AutoencoderKLFlux2
 
     torch.manual_seed(seed)
-    vae = AutoencoderKLFlux2(block_out_channels=(4,), layers_per_block=1, latent_channels=4, norm_num_groups=1,
-                             down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",),
-                             sample_size=32, use_quant_conv=False, use_post_quant_conv=False)
+    vae = AutoencoderKLFlux2(block_out_channels=(4,) * blocks, layers_per_block=1, latent_channels=latent_channels,
+                             norm_num_groups=1, down_block_types=("DownEncoderBlock2D",) * blocks,
+                             up_block_types=("UpDecoderBlock2D",) * blocks, sample_size=32, use_quant_conv=False,
+                             use_post_quant_conv=False)
     g = torch.Generator().manual_seed(seed)
     vae.bn.running_mean.copy_(0.3 * torch.randn(vae.bn.num_features, generator=g))
     vae.bn.running_var.copy_(0.5 + torch.rand(vae.bn.num_features, generator=g))
