@@ -16,7 +16,7 @@ CONFIGS = {"flux2": "flux2_dev_transformer.json", "flux2_klein": "flux2_klein_4b
 GEOMETRY = {"full": {"flux2": (512, 512, None, 1), "flux2_klein": (512, 512, None, 2), "zimage": (512, 512, None, 2)},
             "tiny": {"flux2": (32, 32, None, 2), "flux2_klein": (32, 32, None, 2), "zimage": (32, 32, None, 2)}}
 NOISE_LEVEL = {"flux2": 0.7, "flux2_klein": 0.7, "zimage": 0.7}    # the recipes' flow_sde a (Flow-Factory 0.7)
-GUIDANCE = {"flux2": 4.0, "flux2_klein": 4.0, "zimage": 4.0}
+GUIDANCE = {"flux2": 4.0, "flux2_klein": 4.0, "zimage": 4.0}     # the pipelines' guidance_scale (Z-Image: w − 1)
 
 
 def shrink(family: str, cfg: dict) -> dict:

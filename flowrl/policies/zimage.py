@@ -8,16 +8,18 @@ variable-length rows are kept here zero-padded to ``max_sequence_length`` with a
 ``Cond`` stays batch-first and chunks concatenate. Velocity, as the pipeline's step (``pipeline_z_image.py``):
 
     out = F([x_b as (C, 1, h, w)], (1000 − 1000σ)/1000, [c_b])          (the model's time runs 0 = noise → 1 = clean)
-    pred = pos + s·(pos − neg)       (s = guidance; CFG when s > 0, off where 1 − σ > cfg_truncation)
+    pred = pos + s·(pos − neg)       (s = w − 1 for guidance w > 1; CFG off where 1 − σ > cfg_truncation)
     pred ← pred · min(1, cfg_normalization·‖pos‖/‖pred‖)   (per sample, when cfg_normalization > 0)
     v = −pred                                                  (the pipeline negates before scheduler.step)
 
-``guidance`` is the pipeline's own ``guidance_scale`` s (= standard CFG weight − 1; 0 turns CFG off), not the
-w > 1 convention of the other families. The CFG batch is one forward on [pos rows; neg rows] like the pipeline's.
+``guidance`` is the standard CFG weight w of every flowrl family (v_u + w(v_c − v_u), CFG when w > 1); the
+pipeline's ``guidance_scale`` is s = w − 1 (its default 5.0 is w = 6). The CFG batch is one forward on
+[pos rows; neg rows] like the pipeline's.
 σ grid: ``linspace(1, 1/N, N)`` with μ = calculate_shift((h/2)(w/2), 256, 4096, 0.5, 1.15) handed to the scheduler
 (used when its config enables dynamic shifting, else its static shift). Latents (B, 16, H/8, W/8);
-decode ``vae.decode(z/scale + shift)``. Defaults: guidance 4.0, full fine-tune (Flow-Factory
-``grpo/full/z_image/default.yaml``); cfg_normalization off and cfg_truncation 1.0 (the pipeline's defaults).
+decode ``vae.decode(z/scale + shift)``. Defaults: guidance w = 5.0 (Flow-Factory ``grpo/full/z_image/default.yaml``
+"CFG 4.0", read as the pipeline's guidance_scale s), full fine-tune (same anchor); cfg_normalization off and
+cfg_truncation 1.0 (the pipeline's defaults).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from flowrl.policies import components as comp
-from flowrl.policies.base import PolicyBase, sigma_batch
+from flowrl.policies.base import PolicyBase, resolve_guidance, sigma_batch
 from flowrl.policies.lora import LoraConfig
 from flowrl.types import Cond
 
@@ -45,7 +47,7 @@ SPEC: comp.Spec = {
 
 @dataclass
 class Config:
-    guidance: float = 4.0                # the pipeline's s in pos + s(pos − neg); 0 = no CFG
+    guidance: float = 5.0                # CFG weight w; the pipeline's guidance_scale s = w − 1 (anchor s = 4.0)
     cfg_normalization: float = 0.0       # > 0: clip ‖pred‖ to this × ‖pos‖ per sample (pipeline: off)
     cfg_truncation: float = 1.0          # CFG off where 1 − σ exceeds this (pipeline default 1.0: never)
     max_sequence_length: int = 512
@@ -142,10 +144,8 @@ class ZImagePolicy(PolicyBase):
         """v(x, σ) float32 (B, C, h, w) under the pipeline's CFG form (module doc); σ must be one value per call
         when CFG truncation is on (the pipeline applies it per step)."""
         b = x.shape[0]
-        s = (self.default_guidance if cond.uncond is not None else 0.0) if guidance is None else float(guidance)
-        if s > 0 and cond.uncond is None:
-            raise ValueError(f"guidance {s} > 0 needs the negative embeddings: encode with cfg=True, or pass "
-                             "guidance=0")
+        w, use_cfg = resolve_guidance(guidance, self.default_guidance, cond)
+        s = w - 1.0 if use_cfg else 0.0              # the pipeline's guidance_scale
         sig = sigma_batch(sigma, b, x.device)
         t = (1000 - sig * 1000.0) / 1000            # the pipeline: (1000 − t)/1000 with t = 1000σ
         if s > 0 and self.config.cfg_truncation <= 1:

@@ -1,6 +1,6 @@
 """ZImagePolicy against diffusers' ZImagePipeline on the tiny preset (same components, same latents, float32):
-inverted time and negated output, CFG ``pos + s(pos − neg)`` with norm clipping and truncation, σ grid, ODE,
-decode, save/load, export."""
+inverted time and negated output, CFG ``pos + s(pos − neg)`` (s = w − 1) with norm clipping and truncation, σ grid,
+ODE, decode, save/load, export. ``guidance`` below is the pipeline's s."""
 import numpy as np
 import pytest
 import torch
@@ -32,14 +32,15 @@ def _match_pipeline(policy, pipe, guidance, adapter=None, steps=3):
     sig, xs, vs = pipeline_step_velocities(pipe, x, steps, **_kw(policy, guidance))
     assert torch.equal(policy.sigmas(steps, x), sig)
     cond = policy.encode(PROMPTS, cfg=guidance > 0)
-    with torch.no_grad(), policy.adapter(adapter):
-        vel = [policy.velocity(xs[i], sig[i], cond, guidance) for i in range(steps)]
+    with torch.no_grad(), policy.adapter(adapter):        # flowrl's w is the pipeline's s + 1
+        vel = [policy.velocity(xs[i], sig[i], cond, guidance + 1) for i in range(steps)]
     for i in range(steps):
         torch.testing.assert_close(vel[i], vs[i], atol=1e-5, rtol=0)
     return vel
 
 
-@pytest.mark.parametrize("guidance,norm,trunc", [(0.0, 0.0, 1.0), (4.0, 0.0, 1.0), (4.0, 1.02, 0.3)])
+@pytest.mark.parametrize("guidance,norm,trunc", [(0.0, 0.0, 1.0), (0.5, 0.0, 1.0), (4.0, 0.0, 1.0),
+                                                   (4.0, 1.02, 0.3)])
 def test_velocity_matches_pipeline(policy, guidance, norm, trunc):
     policy.config.cfg_normalization, policy.config.cfg_truncation = norm, trunc
     try:
@@ -60,14 +61,14 @@ def test_prompt_rows_keep_the_pipelines_variable_lengths(policy):
     for b in range(2):
         assert torch.equal(policy._rows(cond.embeds)[b], rows[b])
     with pytest.raises(ValueError, match="cfg=True"):
-        policy.velocity(policy.noise(generators(2), H, W), 0.5, cond, 4.0)
+        policy.velocity(policy.noise(generators(2), H, W), 0.5, cond, 5.0)
 
 
 def test_ode_rollout_and_decode_match_pipeline(policy):
     x = policy.noise(generators(2), H, W)
     policy.pipe.set_progress_bar_config(disable=True)
     with torch.no_grad(), policy.adapter(None):
-        x0 = ode_sample(policy, x, policy.encode(PROMPTS), 3, 4.0)
+        x0 = ode_sample(policy, x, policy.encode(PROMPTS), 3, 5.0)
         out = policy.pipe(latents=x.clone(), num_inference_steps=3, output_type="latent", **_kw(policy, 4.0)).images
         img = policy.pipe(latents=x.clone(), num_inference_steps=3, output_type="pt", **_kw(policy, 4.0)).images
     torch.testing.assert_close(out, x0, atol=1e-5, rtol=0)
@@ -75,7 +76,7 @@ def test_ode_rollout_and_decode_match_pipeline(policy):
 
 
 def test_sde_log_probs_are_normal_on_zimage_latents(policy):
-    assert_sde_log_probs_are_normal(policy, policy.noise(generators(2), H, W), policy.encode(PROMPTS), 0.8, 0.6, 4.0)
+    assert_sde_log_probs_are_normal(policy, policy.noise(generators(2), H, W), policy.encode(PROMPTS), 0.8, 0.6, 5.0)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -95,7 +96,7 @@ def test_sigmas_equal_the_pipeline_recipe(policy, dynamic):
 
 
 def test_shard_units_are_every_block_and_full_finetune_is_the_default():
-    assert Config().lora is None
+    assert Config().lora is None and Config().guidance == 5.0        # w = the anchor's guidance_scale 4 + 1
     policy = ZImagePolicy.tiny(seed=0, config=Config(max_sequence_length=SEQ))
     assert len(policy.trainable_parameters()) == len(list(policy.transformer.parameters()))
     (module, blocks), *frozen = policy.shard_units()
@@ -127,6 +128,6 @@ def test_save_load_round_trip_and_exports_in_the_stock_pipeline(policy, tmp_path
     for pipe in (with_lora, diffusers.ZImagePipeline.from_pretrained(base, transformer=merged)):
         vel = _match_pipeline(policy, pipe, 4.0, adapter="train", steps=2)
     with torch.no_grad(), policy.adapter(None):
-        assert (policy.velocity(x, 0.5, cond, 4.0) - vel[0]).abs().max() > 1e-4
+        assert (policy.velocity(x, 0.5, cond, 5.0) - vel[0]).abs().max() > 1e-4
         for p in policy.adapter_parameters("train"):
             p.zero_()
