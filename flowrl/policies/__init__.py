@@ -1,4 +1,4 @@
-"""Model policies: one file per family (sd3, flux, wan, toy), LoRA named adapters, EMA.
+"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, toy), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
 (no diffusers / transformers import).
@@ -8,7 +8,10 @@ from flowrl.registry import Registry
 POLICIES = Registry("policy", {
     "sd3": "flowrl.policies.sd3:SD3Policy",
     "flux": "flowrl.policies.flux:FluxPolicy",
+    "flux2": "flowrl.policies.flux2:Flux2Policy",
+    "flux2_klein": "flowrl.policies.flux2:Flux2KleinPolicy",
     "wan": "flowrl.policies.wan:WanPolicy",
+    "zimage": "flowrl.policies.zimage:ZImagePolicy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 

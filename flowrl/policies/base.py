@@ -290,7 +290,7 @@ class PolicyBase:
         if saved.get("family") != cls.family:
             raise ValueError(f"{path} holds a {saved.get('family')!r} policy, not {cls.family!r}; "
                              f"load it with the {saved.get('family')!r} policy class")
-        fields = dict(saved["config"])
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items()}   # json lists
         if fields.get("lora") is not None:
             from flowrl.policies.lora import LoraConfig
 

@@ -31,6 +31,13 @@ def peft_name(name: str) -> str:
 SD3_TARGETS = ("to_k", "to_q", "to_v", "to_out.0", "add_k_proj", "add_q_proj", "add_v_proj", "to_add_out")
 FLUX_TARGETS = SD3_TARGETS + ("ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2")
 WAN_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+# FLUX.2 (diffusers transformer_flux2.py): double blocks' attention + SwiGLU FFs, single blocks' fused QKV+MLP-in
+# projection and their out projection — a plain Linear named ``attn.to_out`` (the double blocks' ``to_out`` is a
+# ModuleList), so it is addressed by a glob over full names (``expand_targets``).
+FLUX2_TARGETS = SD3_TARGETS + ("ff.linear_in", "ff.linear_out", "ff_context.linear_in", "ff_context.linear_out",
+                               "to_qkv_mlp_proj", "single_transformer_blocks.*.attn.to_out")
+# Z-Image (transformer_z_image.py): attention projections and the SwiGLU feed-forward of every block and refiner
+ZIMAGE_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
 
 
 @dataclass
@@ -44,11 +51,24 @@ class LoraConfig:
     dropout: float = 0.0
     names: tuple[str, ...] = field(default=(TRAIN, OLD))
 
-    def to_peft(self):
+    def to_peft(self, target_modules: list[str] | None = None):
         from peft import LoraConfig as PeftLoraConfig
 
-        return PeftLoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.target_modules),
+        targets = list(self.target_modules) if target_modules is None else target_modules
+        return PeftLoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets,
                               init_lora_weights=self.init, lora_dropout=self.dropout)
+
+
+def expand_targets(model: nn.Module, targets) -> list[str]:
+    """``targets`` with every glob (a name holding ``*``) replaced by the full module names it matches (fnmatch),
+    so peft's suffix matching can address one of two same-named modules; plain names pass through."""
+    from fnmatch import fnmatchcase
+
+    names = [n for n, _ in model.named_modules()]
+    out: list[str] = []
+    for t in targets:
+        out += sorted(n for n in names if fnmatchcase(n, t)) if "*" in t else [t]
+    return out
 
 
 def tuner_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -122,7 +142,8 @@ def add_adapters(model: nn.Module, config: LoraConfig) -> None:
     with warnings.catch_warnings():  # peft warns that a second adapter is being added: that is the point here
         warnings.filterwarnings("ignore", message=".*multiple adapters.*")
         for name in config.names:
-            inject_adapter_in_model(config.to_peft(), model, adapter_name=peft_name(name))
+            peft_config = config.to_peft(expand_targets(model, config.target_modules))
+            inject_adapter_in_model(peft_config, model, adapter_name=peft_name(name))
     if not tuner_layers(model):
         raise ValueError(f"LoRA target_modules {config.target_modules} matched no layer of {type(model).__name__}; "
                          "check the module names (model.named_modules()).")

@@ -46,6 +46,9 @@ FAMILY_OVERRIDES = {
     "sd3": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "flux": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
+    "flux2": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
+    "flux2_klein": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
+    "zimage": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
 }
 
 

@@ -39,3 +39,21 @@ def generators(n, seed=0):
 @pytest.fixture
 def gens():
     return generators
+
+
+def assert_sde_log_probs_are_normal(policy, x, cond, sigma, sigma_next, guidance):
+    """Every SDE kernel's log-prob of its own step on ``policy``'s latents equals torch.distributions.Normal's
+    (mean over the latent elements) — the kernels are shape-agnostic, this pins them to each family's layout."""
+    from samplers import KERNELS
+
+    with torch.no_grad():
+        v = policy.velocity(x, sigma, cond, guidance)
+    g = torch.Generator().manual_seed(7)
+    dims = tuple(range(1, x.dim()))
+    for name in ("flow_sde", "dance_sde", "cps"):
+        k = KERNELS.get(name)
+        cfg = k.config(log_prob="gaussian") if name == "cps" else k.config()
+        out = k.step(x, v, sigma, sigma_next, torch.randn(x.shape, generator=g), cfg=cfg)
+        std = out.std.reshape(-1, *[1] * (x.dim() - 1))
+        ref = torch.distributions.Normal(out.mean, std).log_prob(out.x_next).mean(dims)
+        torch.testing.assert_close(k.log_prob(out.x_next, out.mean, out.std, "mean", cfg), ref, rtol=1e-5, atol=1e-4)

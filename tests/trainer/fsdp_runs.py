@@ -16,7 +16,7 @@ WORKER = Path(__file__).with_name("dcp_worker.py")      # fsdp_worker's cases pl
 TWO_PROCESS_CASES = ["grpo_fsdp", "grpo_ddp", "grpo_fsdp_each_pass", "grpo_fsdp_resumed", "grpo_fsdp_from_one",
                      "nft_full_fsdp",
                      "nft_full_ddp", "nft_full_fsdp_resumed", "uneven_fsdp", "uneven_ddp", "nan_loss_fsdp",
-                     "bf16_fsdp", "fp32_fsdp",
+                     "bf16_fsdp", "fp32_fsdp", "zimage_fsdp", "zimage_ddp",
                      "grpo_fsdp_full", "grpo_fsdp_async", "grpo_fsdp_damaged"]   # sharded (DCP) checkpoints
 ONE_PROCESS_AFTER = ["grpo_one_from_fsdp", "grpo_one_from_fsdp_full"]       # resumes of the two-process runs
 

@@ -56,7 +56,16 @@ def nan_loss(out: Path, name: str) -> list[str]:
     return [*grpo(out, name, 1), f"objective.kind={objective}:loss", "train.max_skipped=100", *NO_EVAL]
 
 
+def zimage(out: Path, name: str) -> list[str]:
+    """GRPO with CFG on the tiny Z-Image (its per-sample list forward, three block lists as FSDP units)."""
+    return [*grpo(out, name, 1), "policy.kind=zimage", "policy.max_sequence_length=8",
+            "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}", "sampler.height=16", "sampler.width=16",
+            "sampler.guidance=4.0", *NO_EVAL]
+
+
 CASES = {
+    "zimage_fsdp": lambda out: zimage(out, "zimage_fsdp") + SHARDED,
+    "zimage_ddp": lambda out: zimage(out, "zimage_ddp"),
     "grpo_fsdp": lambda out: grpo(out, "grpo_fsdp") + SHARDED,
     "grpo_ddp": lambda out: grpo(out, "grpo_ddp"),
     "grpo_one": lambda out: grpo(out, "grpo_one"),
@@ -114,10 +123,11 @@ def held_bytes(trainer: Trainer) -> dict:
     """Bytes this process holds: every transformer's parameters (trainable, frozen copies, LoRA), the optimizer
     state, and the (unsharded) text encoder."""
     policy = trainer.policy
+    text_encoder = policy.pipe.text_encoder if hasattr(policy, "pipe") else policy.text_encoder   # diffusers / toy
     params = [p for module, _ in policy.shard_units() for p in module.parameters()]
     state = [v for s in trainer.parts.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     return {"params": local_bytes(params), "optimizer": local_bytes(state),
-            "text_encoder": local_bytes(list(policy.text_encoder.parameters()))}
+            "text_encoder": local_bytes(list(text_encoder.parameters()))}
 
 
 def block_dtypes(trainer: Trainer) -> dict:
@@ -129,7 +139,8 @@ def block_dtypes(trainer: Trainer) -> dict:
 
     def look(module, args, kwargs):
         seen["block_weight"] = str(next(module.parameters()).dtype)
-        seen["block_input"] = str(kwargs["hidden_states"].dtype)
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]     # toy: keyword; Z-Image: positional
+        seen["block_input"] = str(x.dtype)
 
     handle = blocks[0].register_forward_pre_hook(look, with_kwargs=True)
     with torch.no_grad():

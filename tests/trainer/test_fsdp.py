@@ -56,11 +56,13 @@ def trained(result: dict) -> bool:
 
 
 @pytest.mark.parametrize("case, unsharded", [("grpo_fsdp", "grpo_ddp"), ("nft_full_fsdp", "nft_full_ddp"),
-                                             ("uneven_fsdp", "uneven_ddp"), ("grpo_fsdp_each_pass", "grpo_ddp")])
+                                             ("uneven_fsdp", "uneven_ddp"), ("grpo_fsdp_each_pass", "grpo_ddp"),
+                                             ("zimage_fsdp", "zimage_ddp")])
 def test_sharded_equals_unsharded_on_two_processes(runs, case, unsharded):
     """GRPO + LoRA + evaluation, NFT + full fine-tuning + MARBLE's Gram + EMA, samples left out on one process
-    only, and gradients reduce-scattered after every backward (dist.reduce_per_step=false): FSDP ends ≤ 1e-6
-    from the same run with gradients all-reduced."""
+    only, gradients reduce-scattered after every backward (dist.reduce_per_step=false), and a diffusers family
+    (tiny Z-Image with CFG: list inputs, three block lists): FSDP ends ≤ 1e-6 from the same run with gradients
+    all-reduced."""
     fsdp, ddp = load(runs, case), load(runs, unsharded)
     assert fsdp["sharded"] and not ddp["sharded"] and fsdp["world"] == ddp["world"] == 2
     assert trained(fsdp) and fsdp["loop"]["global_step"] == ddp["loop"]["global_step"] > 0

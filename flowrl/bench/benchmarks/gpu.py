@@ -2,6 +2,7 @@
 
     python scripts/bench.py gpu                      # one JSON line; sized for < 8 min on one H200
     python scripts/bench.py gpu --families flux --steps 4
+    python scripts/bench.py gpu --families flux2_klein,zimage --no-streaming   # the 2026 families (gpu_families.py)
 
 Not yet run on a GPU (written and smoke-tested at ``--scale tiny`` on CPU); the sizes below are chosen to fit the
 8-minute target and ``--budget-s`` (default 420) skips, and names, every part not started by then.
@@ -43,23 +44,28 @@ from contextlib import nullcontext
 
 import torch
 
+from flowrl.bench import gpu_families as new
 from flowrl.bench.paths import REPO
 
 CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
-           "wan": "wan21_t2v_1.3b_transformer.json"}
+           "wan": "wan21_t2v_1.3b_transformer.json", **new.CONFIGS}
 # family: (height, width, frames, batch) at full scale / tiny scale
 GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1)},
             "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1)}}
+for _scale in GEOMETRY:
+    GEOMETRY[_scale].update(new.GEOMETRY[_scale])
 PROMPTS = ["a red circle left of a blue square", "a photo of a cat", "a dog", "a tree"]
 VAE_SCALING = {"sd3": (1.5305, 0.0609), "flux": (0.3611, 0.1159)}   # (scaling_factor, shift_factor)
-NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7}   # flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX)
+# flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX)
+NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, **new.NOISE_LEVEL}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default="sd3,flux,wan", help="comma-separated subset of sd3, flux, wan")
+    ap.add_argument("--families", default="sd3,flux,wan",
+                    help="comma-separated subset of sd3, flux, wan, flux2, flux2_klein, zimage")
     ap.add_argument("--steps", type=int, default=10, help="sampling steps of every rollout")
     ap.add_argument("--scale", choices=("full", "tiny"), default="full", help="tiny: shrunk configs (CPU smoke run)")
     ap.add_argument("--device", default="cuda")
@@ -84,6 +90,8 @@ def load_config(family: str) -> dict:
 
 def shrink(family: str, cfg: dict) -> dict:
     """The same architecture at test size (2 blocks, 2×16 heads, 64-wide text), for ``--scale tiny``."""
+    if family in new.CONFIGS:
+        return new.shrink(family, cfg)
     small = {**cfg, "num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16}
     if family == "sd3":
         small.update(caption_projection_dim=32, joint_attention_dim=64, pooled_projection_dim=64,
@@ -150,6 +158,8 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
 
     from flowrl.policies.tiny import clip_tokenizer, t5_tokenizer
 
+    if family in new.CONFIGS:
+        return new.components(family, transformer, dtype, device)
     c = transformer.config
     torch.manual_seed(1)
     if family == "sd3":   # CLIP-L + CLIP-G widths split the pooled width 3:5 (768 + 1280 = 2048)
@@ -205,8 +215,10 @@ def _finite_or_none(x: float):
 # ---------------------------------------------------------------------------------------------- one family
 
 
-def pipeline_call(family, pipe, x, steps, geometry, seq_len):
+def pipeline_call(family, pipe, x, steps, geometry, seq_len, policy=None):
     """The stock pipeline from latents ``x`` (flowrl's unpacked layout) → final latents (unpacked)."""
+    if family in new.CONFIGS:
+        return new.pipeline_call(family, policy, x, steps, geometry, seq_len, PROMPTS)
     h, w, frames, _ = geometry
     kw = {"prompt": PROMPTS[:x.shape[0]], "num_inference_steps": steps, "max_sequence_length": seq_len,
           "output_type": "latent"}
@@ -276,17 +288,19 @@ def bench_family(family: str, args) -> dict:
     transformer, built = timed(device, lambda: build_transformer(cfg, device, dtype))
     n_params = sum(p.numel() for p in transformer.parameters())     # before LoRA is added
     cls = POLICIES.get(family)
-    config = cls.config_class(gradient_checkpointing=family == "wan")   # video activations: checkpoint blocks
+    config = (new.bench_config(cls, family) if family in new.CONFIGS    # video activations: checkpoint blocks
+              else cls.config_class(gradient_checkpointing=family == "wan"))
     policy = cls(components(family, transformer, dtype), config, device, dtype)   # adds "train"/"old" LoRA
     pipe, seq_len = policy.pipe, config.max_sequence_length         # the stock pipeline on the same components
     pipe.set_progress_bar_config(disable=True)
     rec = {"params_b": round(n_params / 1e9, 3), "build_s": built["s"], "height": h, "width": w, "frames": frames,
-           "batch": b, "steps": args.steps, "lora_rank": config.lora.rank,
+           "batch": b, "steps": args.steps, "lora_rank": config.lora.rank,   # every family runs LoRA here
            "gradient_checkpointing": config.gradient_checkpointing}
     x = policy.noise([torch.Generator().manual_seed(i) for i in range(b)], h, w, frames)
     with torch.no_grad(), policy.adapter(None):                     # LoRA layers bypassed: the stock model
-        pipeline_call(family, pipe, x, 1, geometry, seq_len)
-        ref, rec["pipeline"] = timed(device, lambda: pipeline_call(family, pipe, x, args.steps, geometry, seq_len))
+        pipeline_call(family, pipe, x, 1, geometry, seq_len, policy)
+        ref, rec["pipeline"] = timed(device, lambda: pipeline_call(family, pipe, x, args.steps, geometry, seq_len,
+                                                                   policy))
     flowrl_rollout(policy, x, 1, None, nullcontext())
     base, rec["flowrl_base"] = timed(device, lambda: flowrl_rollout(policy, x, args.steps, None, nullcontext()))
     rec["rel_diff"] = _finite_or_none(float((base - ref.float()).abs().max() / ref.float().abs().max()))
