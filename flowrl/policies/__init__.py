@@ -1,4 +1,4 @@
-"""Model policies: one file per family (sd3, flux, wan, toy), LoRA named adapters, EMA.
+"""Model policies: one file per family (sd3, flux, wan, qwen_image, qwen_image_edit, toy), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
 (no diffusers / transformers import).
@@ -9,6 +9,7 @@ POLICIES = Registry("policy", {
     "sd3": "flowrl.policies.sd3:SD3Policy",
     "flux": "flowrl.policies.flux:FluxPolicy",
     "wan": "flowrl.policies.wan:WanPolicy",
+    "qwen_image": "flowrl.policies.qwen_image:QwenImagePolicy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 
