@@ -10,6 +10,7 @@ POLICIES = Registry("policy", {
     "flux": "flowrl.policies.flux:FluxPolicy",
     "wan": "flowrl.policies.wan:WanPolicy",
     "qwen_image": "flowrl.policies.qwen_image:QwenImagePolicy",
+    "qwen_image_edit": "flowrl.policies.qwen_image_edit:QwenImageEditPolicy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 

@@ -1,0 +1,133 @@
+"""Qwen-Image-Edit as a flowrl policy: Qwen-Image conditioned on one source image (``accepts_images``).
+
+Components (diffusers ``QwenImageEditPipeline``): those of Qwen-Image plus a ``Qwen2VLProcessor``. What changes
+against text-to-image (``pipeline_qwenimage_edit.py``):
+
+* the source image is resized to ``reference_area`` pixels (1024² in the pipeline, ``calculate_dimensions``:
+  the source's aspect ratio, sides multiples of 32) whatever the output size;
+* text goes through the VL model *with the image*: the edit template (``<|vision_start|><|image_pad|>
+  <|vision_end|>`` before the instruction), the processor's pixel values and grid, last hidden state, the first
+  64 tokens dropped (the pipeline's ``encode_prompt``); the negative text is encoded with the same image;
+* the resized source is VAE-encoded (``latent_dist.mode()``, the pipeline's ``sample_mode="argmax"``),
+  normalised ``(z − mean)/std``, packed, and its tokens are appended after the noisy ones:
+
+      v = F([pack(x); pack(z_src)], t, img_shapes = [(1, h/2, w/2), (1, h_src/2, w_src/2)])[:, :hw/4]
+
+  both CFG branches see the same reference tokens; the norm-rescaled true CFG is Qwen-Image's.
+
+``encode(prompts, images=...)`` puts ``image_latents`` (B, L_src, 64) and ``image_grid`` (B, 2) into
+``Cond.embeds`` (batch-first, so ``Cond.select`` and grouping work). One forward needs one reference grid for all
+its rows (the transformer's RoPE reads the first row's ``img_shapes``), so a batch's sources must share an aspect
+ratio (same resized size); a mixed batch raises. Deviation: a source that is not already ``reference_area``-sized
+is resized with antialiased bilinear interpolation (the pipeline: PIL Lanczos); the VL branch receives it as 8-bit
+RGB, as the pipeline's PIL input is. Defaults as Qwen-Image (true-CFG 4.0, negative " ", LoRA r64/α128).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flowrl.policies import components as comp
+from flowrl.policies.flux import pack_latents
+from flowrl.policies.qwen_image import Config as QwenImageConfig
+from flowrl.policies.qwen_image import QwenImagePolicy
+from flowrl.types import Cond
+
+HUB_IDS = {"qwen-image-edit": "Qwen/Qwen-Image-Edit"}
+
+SPEC: comp.Spec = {
+    "transformer": ("diffusers", "QwenImageTransformer2DModel"),
+    "vae": ("diffusers", "AutoencoderKLQwenImage"),
+    "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+    "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+    "tokenizer": comp.TOKENIZER,
+    "processor": ("transformers", "Qwen2VLProcessor"),
+}
+
+
+@dataclass
+class Config(QwenImageConfig):
+    reference_area: int = 1024 * 1024    # source image pixels after resizing (pipeline: 1024 * 1024)
+
+
+def reference_size(area: int, height: int, width: int) -> tuple[int, int]:
+    """(H, W) of a source resized to ``area`` pixels at its aspect ratio, sides rounded to multiples of 32
+    (diffusers ``pipeline_qwenimage_edit.calculate_dimensions``)."""
+    ratio = width / height
+    w = math.sqrt(area * ratio)
+    h = w / ratio
+    return round(h / 32) * 32, round(w / 32) * 32
+
+
+def to_pil(image: Tensor):
+    """(3, H, W) float in [0, 1] → 8-bit RGB PIL image (the VL processor's input)."""
+    from PIL import Image
+
+    arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(arr)
+
+
+class QwenImageEditPolicy(QwenImagePolicy):
+    """Qwen-Image-Edit policy: ``encode(prompts, images=[[src], ...])`` with one source image per prompt."""
+
+    family = "qwen_image_edit"
+    pipeline_class = "QwenImageEditPipeline"
+    spec = SPEC
+    config_class = Config
+    accepts_images = True
+    hub_default = HUB_IDS["qwen-image-edit"]
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None, cfg: bool = True,
+               images: Sequence | None = None) -> Cond:
+        """Text + source image through the VL encoder (``prompt_embeds``, ``prompt_embeds_mask``) and the
+        source's packed VAE tokens (``image_latents``, ``image_grid``); uncond: the negative text, same image."""
+        prompts = list(prompts)
+        rows = self.check_images(images, len(prompts))
+        if rows is None or any(r is None or len(r) != 1 for r in rows):
+            raise ValueError(f"{self.family} edits one source image per prompt: give images=[[image], ...] with "
+                             "exactly one (3, H, W) image per prompt (a prompt file line needs an 'image')")
+        refs = [self._resize(r[0]) for r in rows]
+        if len({tuple(r.shape) for r in refs}) > 1:
+            raise ValueError(f"{self.family}: one batch's source images resize to different sizes "
+                             f"{sorted({tuple(r.shape[1:]) for r in refs})}; use sources of one aspect ratio per "
+                             "batch (or sampler.chunk: 1)")
+        pil = [to_pil(r) for r in refs]
+        embeds = {**self._encode(prompts, image=pil), **self._vae_tokens(refs)}
+        negs = list(negative_prompts) if negative_prompts is not None else [self.config.negative_prompt] * len(prompts)
+        return Cond(embeds, self._encode(negs, image=pil) if cfg else None, prompts)
+
+    def _resize(self, image: Tensor) -> Tensor:
+        h, w = reference_size(self.config.reference_area, image.shape[-2], image.shape[-1])
+        image = image.float().clamp(0, 1)
+        if (h, w) == tuple(image.shape[-2:]):
+            return image
+        out = torch.nn.functional.interpolate(image[None], size=(h, w), mode="bilinear", antialias=True,
+                                              align_corners=False)
+        return out[0].clamp(0, 1)
+
+    def _vae_tokens(self, refs: list[Tensor]) -> dict[str, Tensor]:
+        """Packed, normalised VAE latents of the sources (pipeline ``_encode_vae_image`` + ``_pack_latents``)."""
+        cfg = self.vae.config
+        shape = (1, cfg.z_dim, 1, 1, 1)
+        tokens, grids = [], []
+        for ref in refs:
+            x = (ref * 2 - 1)[None, :, None].to(self.vae.device, self.vae.dtype)
+            z = self.vae.encode(x).latent_dist.mode()
+            mean = torch.tensor(cfg.latents_mean).view(shape).to(z.device, z.dtype)
+            std = torch.tensor(cfg.latents_std).view(shape).to(z.device, z.dtype)
+            z = ((z - mean) / std)[:, :, 0]
+            tokens.append(pack_latents(z.float()))
+            grids.append(torch.tensor([[z.shape[-2] // 2, z.shape[-1] // 2]], device=z.device))
+        return {"image_latents": torch.cat(tokens).to(self.device), "image_grid": torch.cat(grids).to(self.device)}
+
+    def _image_tokens(self, image: dict, h: int, w: int) -> tuple[Tensor | None, list[tuple[int, int, int]]]:
+        grid = image["image_grid"]
+        if bool((grid != grid[0]).any()):
+            raise ValueError(f"{self.family}: rows with different source-image grids {grid.unique(dim=0).tolist()} "
+                             "in one forward; the transformer's RoPE takes one grid per batch")
+        return image["image_latents"], [(1, int(grid[0, 0]), int(grid[0, 1]))]
