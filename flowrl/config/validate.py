@@ -134,6 +134,7 @@ def check_startable(cfg) -> None:
     resolution_fits_policy(cfg)
     for key in ("train", "eval"):
         check_prompt_source(f"data.{key}", getattr(cfg.data, key))
+    prompts_fit_policy(cfg)
     load = cfg.policy.common
     if not load.tiny and load.path is not None:
         check_policy_path(load.path)
@@ -152,6 +153,23 @@ def check_prompt_source(key: str, src: str) -> None:
     if not Path(src).expanduser().is_file():
         raise ConfigError(f"{key}: prompt file {src!r} not found; give a .txt file (one prompt per line), a "
                           ".jsonl file with a 'prompt' key, or shapes:train / shapes:heldout")
+
+
+def prompts_fit_policy(cfg) -> None:
+    """A prompt file whose lines carry source images needs a policy with ``accepts_images`` (read from the
+    family class: the flag, never the family name)."""
+    from flowrl.config.loader import resolve_registry
+    from flowrl.data.images import has_images
+    from flowrl.data.prompts import load_prompts
+
+    cls = resolve_registry("flowrl.policies:POLICIES").get(cfg.policy.kind)
+    if getattr(cls, "accepts_images", False):
+        return
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key)
+        if src.endswith(".jsonl") and has_images(load_prompts(src).items):
+            raise ConfigError(f"data.{key}: {src} has prompts with source images but policy {cfg.policy.kind!r} "
+                              "does not accept images; use an image-conditioned family (e.g. qwen_image_edit)")
 
 
 def check_policy_path(path: str) -> None:

@@ -41,6 +41,7 @@ from flowrl.policies.flux import pack_latents, unpack_latents
 from flowrl.policies.lora import QWEN_IMAGE_TARGETS, LoraConfig
 from flowrl.types import Cond
 
+NEGATIVE = " "      # the uncond text when the caller gives none (the pipeline: " " enables CFG)
 HUB_IDS = {"qwen-image": "Qwen/Qwen-Image", "qwen-image-2512": "Qwen/Qwen-Image-2512"}
 
 SPEC: comp.Spec = {
@@ -55,7 +56,6 @@ SPEC: comp.Spec = {
 @dataclass
 class Config:
     guidance: float = 4.0                # true-CFG scale (pipeline true_cfg_scale), norm-rescaled
-    negative_prompt: str = " "           # the uncond text when the caller gives none
     max_sequence_length: int = 512
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=64, alpha=128,
                                                                        target_modules=QWEN_IMAGE_TARGETS))
@@ -142,10 +142,10 @@ class QwenImagePolicy(PolicyBase):
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None, cfg: bool = True,
                images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, L, D) and ``prompt_embeds_mask`` (B, L) from the pipeline's encode_prompt;
-        uncond from ``negative_prompts`` (default ``Config.negative_prompt``)."""
+        uncond from ``negative_prompts`` (default " ")."""
         prompts = list(prompts)
         self.check_images(images, len(prompts))
-        negs = list(negative_prompts) if negative_prompts is not None else [self.config.negative_prompt] * len(prompts)
+        negs = list(negative_prompts) if negative_prompts is not None else [NEGATIVE] * len(prompts)
         return Cond(self._encode(prompts), self._encode(negs) if cfg else None, prompts)
 
     def _encode(self, prompts: list[str], **kw) -> dict[str, Tensor]:

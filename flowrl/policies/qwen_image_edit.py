@@ -33,8 +33,8 @@ from torch import Tensor
 
 from flowrl.policies import components as comp
 from flowrl.policies.flux import pack_latents
+from flowrl.policies.qwen_image import NEGATIVE, QwenImagePolicy
 from flowrl.policies.qwen_image import Config as QwenImageConfig
-from flowrl.policies.qwen_image import QwenImagePolicy
 from flowrl.types import Cond
 
 HUB_IDS = {"qwen-image-edit": "Qwen/Qwen-Image-Edit"}
@@ -98,7 +98,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
                              "batch (or sampler.chunk: 1)")
         pil = [to_pil(r) for r in refs]
         embeds = {**self._encode(prompts, image=pil), **self._vae_tokens(refs)}
-        negs = list(negative_prompts) if negative_prompts is not None else [self.config.negative_prompt] * len(prompts)
+        negs = list(negative_prompts) if negative_prompts is not None else [NEGATIVE] * len(prompts)
         return Cond(embeds, self._encode(negs, image=pil) if cfg else None, prompts)
 
     def _resize(self, image: Tensor) -> Tensor:
