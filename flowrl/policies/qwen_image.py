@@ -161,6 +161,9 @@ class QwenImagePolicy(PolicyBase):
         from samplers.schedule import calculate_shift, np_linspace
 
         c = self.scheduler_config
+        if num_steps < 2 and c.get("shift_terminal"):
+            raise ValueError(f"num_steps={num_steps}: this scheduler config's shift_terminal stretch needs at least "
+                             "2 steps (with 1 it divides by 1 − σ_last = 0, NaN in the pipeline too)")
         mu = calculate_shift((latents.shape[-2] // 2) * (latents.shape[-1] // 2), c.get("base_image_seq_len", 256),
                              c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5), c.get("max_shift", 1.15))
         base = np_linspace(1.0, 1 / num_steps, num_steps).tolist()
