@@ -12,7 +12,8 @@ every evaluation writes files.
 Output layout of ``out_dir``::
 
     grid_000.png | grid_000.mp4 | grid_000.gif   rows = prompts (``rows_per_page`` per page),
-                                                 columns = seeds × policies (seed-major: base|trained per seed)
+                                                 columns = seeds × policies (seed-major: base|trained per seed),
+                                                 after a "source" column when prompts carry source images
     metrics.jsonl                                one {"kind": "sample", ...} per image, one {"kind": "prompt", ...}
                                                  (seed diversity) per prompt, then {"kind": "summary"}
     index.html                                   the gallery
