@@ -56,13 +56,17 @@ def test_ode_rollout_matches_pipeline_latents(saved, pipe):
     torch.testing.assert_close(out.result.latents, unpack_latents(final, LH, LW), atol=1e-5, rtol=0)
 
 
-def test_sde_log_probs_are_normal_log_probs_on_qwen_latents(saved):
+@pytest.mark.parametrize("kernel", ["flow_sde", "dance_sde", "cps"])
+def test_sde_log_probs_are_normal_log_probs_on_qwen_latents(saved, kernel):
+    from samplers import KERNELS
     from samplers.engine import SampleSpec, SamplingEngine
     from samplers.windows import StepPlan
 
     policy, _ = saved
-    engine = SamplingEngine(policy, SampleSpec(steps=3, height=H, width=W, guidance=4.0, kernel="flow_sde",
-                                               store=True, adapter="old"))
+    k = KERNELS.get(kernel)
+    cfg = k.config(log_prob="gaussian") if kernel == "cps" else k.config()
+    engine = SamplingEngine(policy, SampleSpec(steps=3, height=H, width=W, guidance=4.0, kernel=kernel,
+                                               kernel_cfg=cfg, store=True, adapter="old"))
     traj = engine.sample(PROMPTS, generators(2), StepPlan(3, sde_steps=(0, 1))).result.traj
     assert traj.x.shape == (2, 2, 4, H // 4, W // 4)
     ref = torch.distributions.Normal(traj.mean, traj.std[..., None, None, None]).log_prob(traj.x_next)
@@ -139,3 +143,30 @@ def test_contract_defaults_and_shard_units(saved):
         t.rsplit(".", 1)[0] for t in targets}
     with pytest.raises(ValueError, match="multiples of 8"):
         policy.latent_shape(12, 16)
+
+
+def test_full_fine_tune_trains_every_weight_and_keeps_frozen_copies():
+    from flowrl.policies.ema import EMA
+
+    policy = QwenImagePolicy.tiny(seed=1, config=Config(max_sequence_length=32, lora=None))
+    params = policy.trainable_parameters()
+    assert sum(p.numel() for p in params) == sum(p.numel() for p in policy.transformer.parameters())
+    assert len(policy.shard_units()) == 3                     # trained, "old" and the base copy
+    ema = EMA(params, decay=0.9, update_interval=1)
+    x, cond = policy.noise(generators(1), H, W), policy.encode(PROMPTS[:1], cfg=False)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05 * torch.randn_like(p))
+        ema.update(1)
+        v_train = policy.velocity(x, 0.5, cond)
+        with policy.adapter("old"):
+            v_old = policy.velocity(x, 0.5, cond)
+        with policy.adapter(None):
+            torch.testing.assert_close(policy.velocity(x, 0.5, cond), v_old)   # both frozen at the start
+        assert (v_old - v_train).abs().max() > 1e-4
+        ema.store()
+        ema.copy_to()                                        # 0.18·start + 0.82·trained (warm-up β_1 = 2/11)
+        v_ema = policy.velocity(x, 0.5, cond)
+        ema.restore()
+        assert (v_ema - v_train).abs().max() > 1e-6 and (v_ema - v_old).abs().max() > 1e-6
+        assert torch.equal(policy.velocity(x, 0.5, cond), v_train)
