@@ -119,3 +119,48 @@ def test_save_load_round_trip_and_flag(saved):
     with torch.no_grad():
         assert torch.equal(policy.velocity(x, 0.4, cond), again.velocity(x, 0.4, again.encode(
             PROMPTS, images=[[s] for s in src])))
+
+
+# ------------------------------------------------------------------------------------ Edit-Plus: several sources
+
+@pytest.fixture(scope="module")
+def plus(saved):
+    from diffusers import QwenImageEditPlusPipeline
+
+    from flowrl.policies.qwen_image_edit import PlusConfig, QwenImageEditPlusPolicy
+
+    policy = QwenImageEditPlusPolicy.from_pretrained(str(saved[1]), dtype=torch.float32,
+                                                     config=PlusConfig(reference_area=AREA, condition_area=AREA))
+    pipe = QwenImageEditPlusPipeline(**{k: v for k, v in policy.pipe.components.items()})
+    pipe.set_progress_bar_config(disable=True)
+    return policy, pipe
+
+
+@pytest.fixture
+def small_plus_sizes(monkeypatch):
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as mod
+
+    monkeypatch.setattr(mod, "VAE_IMAGE_SIZE", AREA)
+    monkeypatch.setattr(mod, "CONDITION_IMAGE_SIZE", AREA)
+
+
+def test_edit_plus_two_sources_match_the_pipeline_step_and_rows_are_batch_independent(plus, small_plus_sizes):
+    policy, pipe = plus
+    pil, src = _sources(2, seed=4)
+    x = policy.noise(generators(1), H, W)
+    sig, xs, vs = pipeline_step_velocities(pipe, pack_latents(x), 2, image=pil, prompt=PROMPTS[:1],
+                                           negative_prompt=["blurry"], true_cfg_scale=4.0, height=H, width=W)
+    cond = policy.encode(PROMPTS[:1], negative_prompts=["blurry"], images=[src])
+    assert cond.embeds["image_grid"].tolist() == [[[4, 4], [4, 4]]]          # 32 px / 4 (VAE) / 2 (packing)
+    with torch.no_grad(), policy.adapter(None):
+        for i in range(2):
+            v = policy.velocity(unpack_latents(xs[i], LH, LW), sig[i], cond, 4.0)
+            torch.testing.assert_close(v, unpack_latents(vs[i], LH, LW), atol=1e-5, rtol=0)
+        one = policy.encode(PROMPTS[:1], cfg=False, images=[src[:1]])
+        assert (policy.velocity(x, 0.5, one) - policy.velocity(x, 0.5, policy.encode(
+            PROMPTS[:1], cfg=False, images=[src]))).abs().max() > 1e-4          # the second source matters
+    two_rows = policy.encode(PROMPTS, cfg=False, images=[src, src[::-1]])
+    with torch.no_grad():
+        v = policy.velocity(policy.noise(generators(2), H, W), 0.5, two_rows)
+        v0 = policy.velocity(policy.noise(generators(1), H, W), 0.5, two_rows.select([0]))
+    torch.testing.assert_close(v[:1], v0, atol=1e-6, rtol=0)                  # a row is independent of its batch
