@@ -174,7 +174,7 @@ class QwenImageEditPlusPolicy(QwenImageEditPolicy):
 
     family = "qwen_image_edit_plus"
     pipeline_class = "QwenImageEditPlusPipeline"
-    config_class = PlusConfig
+    config_class = Config = PlusConfig   # ``Config``: what the run config's policy section builds (config.loader)
     max_images = None
     hub_default = HUB_IDS["qwen-image-edit-2509"]
 

@@ -49,6 +49,8 @@ FAMILY_OVERRIDES = {
     "qwen_image": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     # the edit pipeline resizes sources to 1024² pixels; the tiny run uses 32² (16 reference tokens)
     "qwen_image_edit": ["policy.reference_area=1024", "sampler.height=16", "sampler.width=16"],
+    "qwen_image_edit_plus": ["policy.reference_area=1024", "policy.condition_area=1024", "sampler.height=16",
+                             "sampler.width=16"],
 }
 
 
@@ -80,7 +82,7 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
     if cfg.policy.kind == "wan":                      # learned rewards need downloads: an offline stand-in
         ov.append("rewards={video_jpeg: {reward: video_frame_mean, weight: 1.0, "
                   "kwargs: {reward: jpeg_compressibility}}}")
-    elif cfg.policy.kind == "qwen_image_edit":       # an offline reward that reads the prompts' source images
+    elif cfg.policy.kind.startswith("qwen_image_edit"):   # an offline reward that reads the prompts' sources
         ov.append("rewards={source_fidelity: {weight: 1.0}}")
     elif cfg.policy.kind != "toy":
         ov.append("rewards={jpeg_compressibility: {weight: 1.0}}")
