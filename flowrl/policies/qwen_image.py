@@ -97,7 +97,7 @@ class QwenImagePolicy(PolicyBase):
         if components["transformer"].config.guidance_embeds:
             raise ValueError("this Qwen-Image transformer has guidance_embeds=True (a guidance-distilled variant); "
                              "flowrl's qwen_image policy supports the published guidance_embeds=False checkpoints")
-        self._setup(components, config or Config(), device, dtype)
+        self._setup(components, config or self.config_class(), device, dtype)
         self.pipe = getattr(diffusers, self.pipeline_class)(**components)
 
     # ---- construction -------------------------------------------------------------------------------

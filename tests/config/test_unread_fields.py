@@ -46,10 +46,11 @@ FAMILY_OVERRIDES = {
     "sd3": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "flux": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
-    "qwen_image": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
+    "qwen_image": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.steps=3"],
     # the edit pipeline resizes sources to 1024² pixels; the tiny run uses 32² (16 reference tokens)
-    "qwen_image_edit": ["policy.reference_area=1024", "sampler.height=16", "sampler.width=16"],
-    "qwen_image_edit_plus": ["policy.reference_area=1024", "policy.condition_area=1024", "sampler.height=16",
+    "qwen_image_edit": ["policy.reference_area=1024", "sampler.height=16", "sampler.width=16", "sampler.steps=3"],
+    "qwen_image_edit_plus": ["policy.reference_area=1024", "policy.condition_area=1024", "sampler.steps=3",
+                             "sampler.height=16",
                              "sampler.width=16"],
 }
 

@@ -100,6 +100,15 @@ def test_source_image_changes_the_velocity_and_is_required(saved):
         policy.encode(PROMPTS, images=[[a], [torch.rand(3, 32, 96)]])
 
 
+def test_default_configs_are_the_family_ones():
+    from flowrl.policies.qwen_image_edit import PlusConfig, QwenImageEditPlusPolicy
+    from flowrl.policies.tiny_qwen import qwen_image_components
+
+    assert QwenImageEditPolicy(qwen_image_components(0, edit=True)).config.reference_area == 1024 * 1024
+    plus = QwenImageEditPlusPolicy(qwen_image_components(0, edit=True))        # config=None: the family's
+    assert isinstance(plus.config, PlusConfig) and plus.config.condition_area == 384 * 384
+
+
 def test_reference_size_is_the_pipeline_rule():
     from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
