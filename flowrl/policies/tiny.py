@@ -151,10 +151,12 @@ def wan_components(seed: int = 0) -> dict:
 
 
 def save_preset(family: str, directory, seed: int = 0):
-    """Write the tiny preset of ``family`` ("sd3" | "flux" | "wan") in the diffusers pipeline layout; load it back
-    with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)`` or ``XPipeline.from_pretrained``."""
+    """Write the tiny preset of ``family`` (sd3, flux, wan, qwen_image[_edit[_plus]]) in the diffusers layout; load
+    it back with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)`` or
+    ``XPipeline.from_pretrained``."""
     from flowrl.policies import POLICIES
 
-    if family not in ("sd3", "flux", "wan"):
-        raise ValueError(f"tiny presets exist for 'sd3', 'flux', 'wan'; got {family!r}")
+    families = ("sd3", "flux", "wan", "qwen_image", "qwen_image_edit", "qwen_image_edit_plus")
+    if family not in families:
+        raise ValueError(f"tiny presets exist for {', '.join(repr(f) for f in families)}; got {family!r}")
     return POLICIES.get(family).tiny(seed=seed).save_pretrained(directory)

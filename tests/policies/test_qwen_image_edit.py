@@ -109,6 +109,36 @@ def test_default_configs_are_the_family_ones():
     assert isinstance(plus.config, PlusConfig) and plus.config.condition_area == 384 * 384
 
 
+def test_exported_lora_loaded_by_the_edit_pipeline_matches_the_policy(saved, small_reference, tmp_path):
+    from diffusers import QwenImageEditPipeline
+
+    from flowrl.policies.export import save_diffusers_lora
+
+    policy, path = saved
+    before = policy.adapter_state_dict("train")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in policy.adapter_parameters("train"):
+            p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    try:
+        pipe = QwenImageEditPipeline.from_pretrained(path)
+        pipe.load_lora_weights(save_diffusers_lora(policy, tmp_path / "lora").parent)
+        pipe.set_progress_bar_config(disable=True)
+        pil, src = _sources()
+        x = policy.noise(generators(2), H, W)
+        sig, xs, vs = pipeline_step_velocities(pipe, pack_latents(x), 2, image=pil, prompt=PROMPTS,
+                                               negative_prompt=NEG, true_cfg_scale=4.0, height=H, width=W)
+        cond = policy.encode(PROMPTS, negative_prompts=NEG, images=[[s] for s in src])
+        x1 = unpack_latents(xs[1], LH, LW)
+        with torch.no_grad(), policy.adapter("train"):
+            v = policy.velocity(x1, sig[1], cond, 4.0)
+        torch.testing.assert_close(v, unpack_latents(vs[1], LH, LW), atol=1e-5, rtol=0)
+        with torch.no_grad(), policy.adapter(None):
+            assert (policy.velocity(x1, sig[1], cond, 4.0) - v).abs().max() > 1e-4      # the adapter matters
+    finally:
+        policy.load_adapter_state_dict(before, "train")
+
+
 def test_reference_size_is_the_pipeline_rule():
     from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
