@@ -103,3 +103,26 @@ def test_startup_refuses_image_prompts_for_a_text_only_policy(prompt_file):
     with pytest.raises(ConfigError, match="does not accept images"):
         prompts_fit_policy(cfg)
     prompts_fit_policy(load_config(None, ["policy.kind=qwen_image_edit", f"data.train={prompt_file}"]))
+
+
+def test_remote_wire_carries_the_source_images():
+    import io
+
+    from rewards.wire import WireError, decode_request, encode_request
+
+    g = torch.Generator().manual_seed(0)
+    img = lambda h, w: torch.randint(0, 256, (3, h, w), generator=g).float() / 255   # noqa: E731 (8-bit exact)
+    a, b, c = img(4, 6), img(5, 5), img(2, 3)
+    batch = RewardInput(torch.rand(3, 3, 8, 8), ["x", "y", "z"], torch.arange(3), [{}, {}, {}],
+                        images=[[a], None, [b, c]])
+    back = decode_request(encode_request(batch))
+    assert back.images[1] is None and [len(r) for r in (back.images[0], back.images[2])] == [1, 2]
+    for got, want in zip([*back.images[0], *back.images[2]], [a, b, c], strict=True):
+        assert torch.equal(got, want)
+    assert decode_request(encode_request(RewardInput(batch.pixels, batch.prompts, batch.group_ids))).images is None
+    buf = io.BytesIO()
+    info = json.dumps({"prompts": ["x"], "images": [[7]]}).encode()
+    np.savez(buf, pixels=np.zeros((1, 3, 2, 2), np.uint8), group_ids=np.zeros(1, np.int64),
+             info=np.frombuffer(info, np.uint8))
+    with pytest.raises(WireError, match="names sources the body does not hold"):
+        decode_request(buf.getvalue())
