@@ -102,7 +102,12 @@ def test_startup_refuses_image_prompts_for_a_text_only_policy(prompt_file):
     cfg = load_config(None, ["policy.kind=toy", f"data.train={prompt_file}", f"data.eval={prompt_file}"])
     with pytest.raises(ConfigError, match="does not accept images"):
         prompts_fit_policy(cfg)
-    prompts_fit_policy(load_config(None, ["policy.kind=qwen_image_edit", f"data.train={prompt_file}"]))
+    with pytest.raises(ConfigError, match="line 3 of .* has none"):       # the editing families need a source
+        prompts_fit_policy(load_config(None, ["policy.kind=qwen_image_edit", f"data.train={prompt_file}"]))
+    with pytest.raises(ConfigError, match="needs a source image on every prompt"):
+        prompts_fit_policy(load_config(None, ["policy.kind=qwen_image_edit_plus"]))          # shapes:train
+    prompts_fit_policy(load_config(None, ["policy.kind=qwen_image_edit", "data.train=configs/prompts/edit_train.jsonl",
+                                          "data.eval=configs/prompts/edit_test.jsonl"]))
 
 
 def test_remote_wire_carries_the_source_images():

@@ -194,6 +194,7 @@ class PolicyBase:
     family: str = ""
     default_guidance: float = 1.0
     accepts_images: bool = False       # image-conditioned prompts (``encode(images=...)``)
+    requires_images: bool = False      # every prompt must carry one (editing); read by the start-up checks
     shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
 
     @property

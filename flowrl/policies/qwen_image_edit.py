@@ -81,6 +81,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
     spec = SPEC
     config_class = Config
     accepts_images = True
+    requires_images = True
     hub_default = HUB_IDS["qwen-image-edit"]
 
     max_images: int | None = 1          # source images per prompt (Edit: exactly one; Edit-Plus: any)
