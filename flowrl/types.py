@@ -145,12 +145,15 @@ class RewardInput:
     prompts:   B prompt strings.
     group_ids: (B,) int64; equal ids came from the same prompt (for groupwise rewards).
     meta:      B dicts of per-sample dataset metadata (e.g. {"ocr_text": ...}, shapes-world specs).
+    images:    the prompts' source / reference images, for rewards that compare (editing): None when no prompt
+               has one, else B entries, each None or a list of float32 (3, H, W) tensors in [0, 1] (CPU).
     """
 
     pixels: Tensor
     prompts: list[str]
     group_ids: Tensor
     meta: list[dict] = field(default_factory=list)
+    images: list[list[Tensor] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -167,6 +170,7 @@ class RewardInput:
             prompts=[self.prompts[i] for i in idx],
             group_ids=self.group_ids[idx],
             meta=[self.meta[i] for i in idx] if self.meta else [],
+            images=None if self.images is None else [self.images[i] for i in idx],
         )
 
 

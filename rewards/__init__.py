@@ -14,6 +14,7 @@ REWARDS = Registry(
     {
         "jpeg_compressibility": "rewards.jpeg:JpegCompressibility",
         "jpeg_incompressibility": "rewards.jpeg:JpegIncompressibility",
+        "source_fidelity": "rewards.source:SourceFidelity",
         "pickscore": "rewards.pickscore:PickScore",
         "aesthetic": "rewards.aesthetic:Aesthetic",
         "hpsv2": "rewards.hpsv2:HPSv2",

@@ -130,6 +130,8 @@ class Batcher:
             prompts=[p for j in group for p in j.batch.prompts],
             group_ids=torch.cat([j.batch.group_ids for j in group]),
             meta=[m for j in group for m in (j.batch.meta or [{}] * len(j.batch))],
+            images=None if all(j.batch.images is None for j in group) else
+            [r for j in group for r in (j.batch.images or [None] * len(j.batch))],
         )
         out, start = self.reward(merged), 0
         for j in group:

@@ -4,7 +4,9 @@ Request  ``POST /score`` with ``Authorization: Bearer <token>`` and an ``.npz`` 
 read back with ``allow_pickle=False``) holding
     pixels     uint8 (0–255) or float16/float32 (0–1), (B, 3, H, W) or (B, F, 3, H, W)
     group_ids  int64 (B,)
-    info       uint8 bytes of UTF-8 JSON {"prompts": [B str], "meta": [B dict] or []}
+    info       uint8 bytes of UTF-8 JSON {"prompts": [B str], "meta": [B dict] or [], "images": [B] (optional)}
+    source_<j> uint8 (3, H, W), the prompts' source images (``RewardInput.images``) when any: ``info.images[b]`` is
+               the list of j's of row b's sources, or null for a row without one
 Reply ``200`` JSON ``{"reward": name, "scores": {"score": [B], "<aspect>": [B]}}`` (NaN sent as null), or
 ``4xx/5xx`` JSON ``{"error": reason}``.  Arrays are read member by member from their .npy headers, with a cap on
 the bytes they unpack to (``decode_request(max_unpacked=...)``), so compressed members (``numpy.savez_compressed``)
@@ -44,10 +46,19 @@ def encode_request(batch: RewardInput, pixel_format: str = "uint8") -> bytes:
         arr = px.numpy().astype(pixel_format)
     else:
         raise ValueError(f"pixel_format must be 'uint8', 'float16' or 'float32', got {pixel_format!r}")
-    info = json.dumps({"prompts": list(batch.prompts), "meta": list(batch.meta)}).encode()
+    fields, sources = {"prompts": list(batch.prompts), "meta": list(batch.meta)}, {}
+    if batch.images is not None:
+        fields["images"] = []
+        for row in batch.images:
+            ids = [len(sources) + k for k in range(len(row or []))]
+            for j, img in zip(ids, row or [], strict=True):
+                u8 = (img.detach().float().cpu() * 255).round().clamp(0, 255).to(torch.uint8)
+                sources[f"source_{j}"] = u8.numpy()
+            fields["images"].append(ids or None)
+    info = json.dumps(fields).encode()
     buf = io.BytesIO()
     np.savez(buf, pixels=arr, group_ids=batch.group_ids.cpu().numpy().astype(np.int64),
-             info=np.frombuffer(info, dtype=np.uint8))
+             info=np.frombuffer(info, dtype=np.uint8), **sources)
     return buf.getvalue()
 
 
@@ -81,12 +92,13 @@ def _read_member(zf: zipfile.ZipFile, name: str, budget: int) -> tuple[np.ndarra
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C"), nbytes
 
 
-def _unpack(body: bytes, max_unpacked: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pixels, group_ids, info) arrays of an .npz body, at most ``max_unpacked`` bytes of them in total."""
+def _unpack(body: bytes, max_unpacked: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """(pixels, group_ids, info, {source_<j>: array}) of an .npz body, at most ``max_unpacked`` bytes in total."""
     left, arrays = max_unpacked, []
     try:
         with zipfile.ZipFile(io.BytesIO(body)) as zf:
-            for name in ("pixels", "group_ids", "info"):
+            sources = sorted(n[:-4] for n in zf.namelist() if n.startswith("source_") and n.endswith(".npy"))
+            for name in ("pixels", "group_ids", "info", *sources):
                 arr, nbytes = _read_member(zf, name, left)
                 arrays.append(arr)
                 left -= nbytes
@@ -94,7 +106,24 @@ def _unpack(body: bytes, max_unpacked: int) -> tuple[np.ndarray, np.ndarray, np.
         raise
     except Exception as e:  # not a zip, a bad .npy header, a corrupt deflate stream...
         raise WireError(f"body is not a valid .npz of plain arrays: {type(e).__name__}: {e}") from e
-    return tuple(arrays)
+    return (*arrays[:3], dict(zip(sources, arrays[3:], strict=True)))
+
+
+def _source_images(listing, sources: dict, n: int) -> list | None:
+    """``info.images`` + the source_<j> arrays → ``RewardInput.images`` (float32 (3, H, W) in [0, 1])."""
+    if listing is None:
+        return None
+    if not (isinstance(listing, list) and len(listing) == n):
+        raise WireError(f"info.images must list one entry (null or a list of source ids) per prompt, {n} in all")
+    rows = []
+    for ids in listing:
+        if ids is not None and not (isinstance(ids, list) and all(f"source_{j}" in sources for j in ids)):
+            raise WireError(f"info.images entry {ids!r} names sources the body does not hold")
+        imgs = [sources[f"source_{j}"] for j in ids or []]
+        if any(a.dtype != np.uint8 or a.ndim != 3 or a.shape[0] != 3 for a in imgs):
+            raise WireError("each source_<j> must be a uint8 (3, H, W) array")
+        rows.append([torch.from_numpy(a.astype(np.float32) / 255.0) for a in imgs] or None)
+    return rows
 
 
 def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
@@ -104,7 +133,7 @@ def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
     ``max_unpacked`` bytes together (else ``WireTooLarge``), so a small compressed "zip bomb" is refused
     before it is inflated; only stored or deflated members are read, and never more bytes than their header
     declares."""
-    pixels, group_ids, info = _unpack(body, max_unpacked)
+    pixels, group_ids, info, sources = _unpack(body, max_unpacked)
     if pixels.dtype == np.uint8:
         px = torch.from_numpy(pixels.astype(np.float32) / 255.0)
     elif pixels.dtype in (np.float16, np.float32):
@@ -113,7 +142,7 @@ def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
         raise WireError(f"pixels must be uint8 or float16/float32, got {pixels.dtype}")
     try:
         meta = json.loads(info.astype(np.uint8).tobytes().decode())
-        prompts, extra = meta["prompts"], meta.get("meta", [])
+        prompts, extra, listing = meta["prompts"], meta.get("meta", []), meta.get("images")
     except Exception as e:
         raise WireError(f"info must be UTF-8 JSON with a 'prompts' list: {e}") from e
     if not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
@@ -123,7 +152,7 @@ def decode_request(body: bytes, max_unpacked: int = 1 << 31) -> RewardInput:
     if group_ids.dtype.kind not in "iu" or group_ids.ndim != 1:
         raise WireError(f"group_ids must be a 1-d integer array, got {group_ids.dtype} {group_ids.shape}")
     return RewardInput(pixels=px, prompts=prompts, group_ids=torch.from_numpy(group_ids.astype(np.int64)),
-                       meta=extra)
+                       meta=extra, images=_source_images(listing, sources, len(prompts)))
 
 
 def encode_scores(name: str, scores: dict[str, Tensor]) -> bytes:

@@ -92,14 +92,18 @@ class SamplingEngine:
         a = self.spec.adapter
         return contextlib.nullcontext() if a == CURRENT else self.policy.adapter(a)
 
-    def encode(self, prompts: Sequence[str]) -> Cond:
-        """Conditioning of ``prompts`` (with the negative prompt when guidance > 1), a chunk at a time."""
-        return cat_conds([self._encode(list(prompts[sl])) for sl in self.chunks(len(prompts))])
+    def encode(self, prompts: Sequence[str], images: Sequence | None = None) -> Cond:
+        """Conditioning of ``prompts`` (with the negative prompt when guidance > 1), a chunk at a time;
+        ``images``: None or one entry per prompt (None or a list of (3, H, W) reference images in [0, 1])."""
+        images = check_images(self.policy, images, len(prompts))
+        return cat_conds([self._encode(list(prompts[sl]), _rows(images, sl)) for sl in self.chunks(len(prompts))])
 
-    def _encode(self, prompts: list[str]) -> Cond:
+    def _encode(self, prompts: list[str], images: list | None = None) -> Cond:
         s, cfg = self.spec, self.spec.guidance > 1
         neg = [s.negative_prompt] * len(prompts) if (cfg and s.negative_prompt is not None) else None
-        return self.policy.encode(prompts, neg, cfg=cfg)
+        if images is None:
+            return self.policy.encode(prompts, neg, cfg=cfg)
+        return self.policy.encode(prompts, neg, cfg=cfg, images=images)
 
     def noise(self, generators: Sequence[torch.Generator]) -> Tensor:
         """Starting latents, row b drawn from ``generators[b]``."""
@@ -119,17 +123,20 @@ class SamplingEngine:
         return torch.cat([self.policy.decode(latents[sl]).float() for sl in self.chunks(latents.shape[0])])
 
     def sample(self, prompts: Sequence[str], generators: Sequence[torch.Generator], plan=None, *,
-               wrap: Wrap | None = None, decode: bool = False, store: bool | None = None) -> Sampled:
+               wrap: Wrap | None = None, decode: bool = False, store: bool | None = None,
+               images: Sequence | None = None) -> Sampled:
         """Sample one row per (prompt, generator) with the step plan ``plan`` (None: all ODE steps); ``store``
-        overrides ``spec.store``; ``wrap`` may intercept each chunk's model calls (candidate pools)."""
+        overrides ``spec.store``; ``wrap`` may intercept each chunk's model calls (candidate pools); ``images``
+        are the rows' reference images (``encode``)."""
         from samplers.restart import restart_sample
         from samplers.rollout import rollout
 
         s, store = self.spec, self.spec.store if store is None else store
+        images = check_images(self.policy, images, len(prompts))
         conds, results = [], []
         with self.weights():
             for sl in self.chunks(len(prompts)):
-                cond = self._encode(list(prompts[sl]))
+                cond = self._encode(list(prompts[sl]), _rows(images, sl))
                 x1 = self.noise(generators[sl])
                 vf = self.velocity_fn(cond) if wrap is None else wrap(sl, self.velocity_fn(cond))
                 if s.restart is not None:
@@ -142,13 +149,14 @@ class SamplingEngine:
         result = concat_results(results)
         return Sampled(cat_conds(conds), result, self.decode(result.latents) if decode else None)
 
-    def grow(self, prompts: Sequence[str], generators: Sequence[torch.Generator], plan, branch, noise=None):
+    def grow(self, prompts: Sequence[str], generators: Sequence[torch.Generator], plan, branch, noise=None,
+             images: Sequence | None = None):
         """One rollout tree per prompt (root noise from its generator): (conditioning per root, TreeRollout).
         The whole frontier goes through one model call per stage, in chunks of ``spec.chunk`` rows."""
         from samplers.tree import tree_rollout
 
         s = self.spec
-        cond = self.encode(prompts)
+        cond = self.encode(prompts, images)
         x1 = self.noise(generators)
         policy, w = self.policy, s.guidance
 
@@ -171,6 +179,26 @@ class SamplingEngine:
         return len(build_stages(torch.linspace(1.0, 0.0, n + 1), plan or StepPlan(n)))
 
 
+def check_images(policy, images: Sequence | None, n: int) -> list | None:
+    """``images`` as n rows, or None when no row carries an image; a one-line error when some row does and the
+    policy's ``accepts_images`` flag is not set (the engine reads the flag, never the family)."""
+    if images is None:
+        return None
+    rows = list(images)
+    if len(rows) != n:
+        raise ValueError(f"images: {len(rows)} entries for {n} prompts; give one entry (None or a list) per prompt")
+    if all(not r for r in rows):
+        return None
+    if not getattr(policy, "accepts_images", False):
+        raise ValueError(f"prompts carry reference images but the {getattr(policy, 'family', type(policy).__name__)!r} "
+                         "policy does not accept images (accepts_images is False); use an image-conditioned family")
+    return rows
+
+
+def _rows(images: list | None, sl: slice) -> list | None:
+    return None if images is None else images[sl]
+
+
 def concat_results(results: list[RolloutResult]) -> RolloutResult:
     """Rollouts of consecutive row chunks → one RolloutResult (same schedule and plan)."""
     from flowrl.types import Trajectory
@@ -189,10 +217,19 @@ def concat_results(results: list[RolloutResult]) -> RolloutResult:
     return RolloutResult(torch.cat([r.latents for r in results]), first.sigmas, traj, x0, first.nfe)
 
 
+def cat_rows(tensors: list[Tensor]) -> Tensor:
+    """Row chunks → one tensor; token sequences of different lengths (dim 1, e.g. Qwen-Image's per-batch text
+    length) are zero-padded to the longest, which a family's mask reads as padding."""
+    longest = max(t.shape[1] for t in tensors) if tensors[0].dim() > 1 else None
+    if longest is not None and any(t.shape[1] != longest for t in tensors):
+        tensors = [torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, longest - t.shape[1])) for t in tensors]
+    return torch.cat(tensors)
+
+
 def cat_conds(conds: list[Cond]) -> Cond:
-    """Conditioning of consecutive row chunks → one Cond."""
+    """Conditioning of consecutive row chunks → one Cond (``cat_rows`` per tensor)."""
     if len(conds) == 1:
         return conds[0]
-    emb = {k: torch.cat([c.embeds[k] for c in conds]) for k in conds[0].embeds}
-    unc = None if conds[0].uncond is None else {k: torch.cat([c.uncond[k] for c in conds]) for k in conds[0].uncond}
+    emb = {k: cat_rows([c.embeds[k] for c in conds]) for k in conds[0].embeds}
+    unc = None if conds[0].uncond is None else {k: cat_rows([c.uncond[k] for c in conds]) for k in conds[0].uncond}
     return Cond(emb, unc, [p for c in conds for p in c.prompts])

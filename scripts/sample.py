@@ -32,7 +32,7 @@ SIZE = {"toy": 32, "sd3": 512, "flux": 512}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default="toy", help="policy family (toy, sd3, flux)")
+    ap.add_argument("--policy", default="toy", help="policy family (toy, sd3, flux, qwen_image, ...)")
     ap.add_argument("--path", help="weights: local dir or hub id (default: the family default; toy: shipped)")
     ap.add_argument("--tiny", action="store_true", help="the family's tiny random preset (smoke runs)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -76,12 +76,18 @@ def build_policy(args: argparse.Namespace):
 
 def reward_of(rewards, policy, prompt: str, meta: dict):
     """latents (B, ...) → the reward set's weighted total (B,) for this prompt."""
+    from dataclasses import replace
+
+    from flowrl.data.images import source_images
     from rewards.base import make_input
+
+    sources = source_images([meta])
 
     def score(latents: torch.Tensor) -> torch.Tensor:
         pixels = policy.decode(latents).float().clamp(0, 1)
         n = pixels.shape[0]
         batch = make_input(pixels, [prompt] * n, torch.zeros(n, dtype=torch.long), [dict(meta)] * n)
+        batch = replace(batch, images=None if sources is None else sources * n)
         total = rewards(batch).total
         return torch.nan_to_num(total, nan=float("-inf"))
     return score
@@ -95,7 +101,9 @@ def run_method(method: str, args, policy, prompt: str, meta: dict, rewards, kern
     w = policy.default_guidance if args.guidance is None else args.guidance
     size = args.size or SIZE.get(args.policy, 512)
     engine = SamplingEngine(policy, SampleSpec(args.steps, size, size, guidance=w))
-    cond = engine.encode([prompt])
+    from flowrl.data.images import source_images
+
+    cond = engine.encode([prompt], images=source_images([meta]))     # a prompt's source image(s), if any
 
     def velocity(x, sigma):
         return policy.velocity(x, sigma, cond.select([0] * x.shape[0]), w)

@@ -134,6 +134,7 @@ def check_startable(cfg) -> None:
     resolution_fits_policy(cfg)
     for key in ("train", "eval"):
         check_prompt_source(f"data.{key}", getattr(cfg.data, key))
+    prompts_fit_policy(cfg)
     load = cfg.policy.common
     if not load.tiny and load.path is not None:
         check_policy_path(load.path)
@@ -152,6 +153,31 @@ def check_prompt_source(key: str, src: str) -> None:
     if not Path(src).expanduser().is_file():
         raise ConfigError(f"{key}: prompt file {src!r} not found; give a .txt file (one prompt per line), a "
                           ".jsonl file with a 'prompt' key, or shapes:train / shapes:heldout")
+
+
+def prompts_fit_policy(cfg) -> None:
+    """Prompts with source images need a policy with ``accepts_images``; a policy with ``requires_images``
+    (editing) needs a source on every prompt. Read from the family class: the flags, never the family name."""
+    from flowrl.config.loader import resolve_registry
+    from flowrl.data.images import IMAGES_KEY
+    from flowrl.data.prompts import load_prompts
+
+    cls = resolve_registry("flowrl.policies:POLICIES").get(cfg.policy.kind)
+    accepts, requires = getattr(cls, "accepts_images", False), getattr(cls, "requires_images", False)
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key)
+        if (accepts and not requires) or (not accepts and not src.endswith(".jsonl")):
+            continue                   # nothing to refuse: only a .jsonl line carries images
+        if not src.endswith(".jsonl"):
+            raise ConfigError(f"data.{key}: policy {cfg.policy.kind!r} needs a source image on every prompt; "
+                              f"{src} has none (give a .jsonl with 'image' keys, docs/config.md \"Prompt files\")")
+        with_image = [bool(m.get(IMAGES_KEY)) for _, m in load_prompts(src).items]
+        if any(with_image) and not accepts:
+            raise ConfigError(f"data.{key}: {src} has prompts with source images but policy {cfg.policy.kind!r} "
+                              "does not accept images; use an image-conditioned family (e.g. qwen_image_edit)")
+        if requires and not all(with_image):
+            raise ConfigError(f"data.{key}: policy {cfg.policy.kind!r} needs a source image on every prompt; line "
+                              f"{with_image.index(False) + 1} of {src} has none (add 'image' / 'images')")
 
 
 def check_policy_path(path: str) -> None:

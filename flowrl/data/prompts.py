@@ -10,7 +10,9 @@ Sources (``data.train`` / ``data.eval`` in the config):
   verifier rewards read;
 - ``path/to/prompts.txt`` — one prompt per line (blank lines and ``#`` comments skipped), empty metadata;
 - ``path/to/prompts.jsonl`` — one JSON object per line with a ``"prompt"`` key; the other keys become metadata
-  (e.g. ``{"prompt": "...", "ocr_text": "..."}`` for the OCR reward).
+  (e.g. ``{"prompt": "...", "ocr_text": "..."}`` for the OCR reward). Image-conditioned prompts (editing,
+  reference images, image-to-video) add ``"image": "path"`` or ``"images": ["path", ...]``, paths relative to the
+  file; they become ``meta["images"]`` (absolute paths, checked to exist), read by ``flowrl.data.images``.
 """
 from __future__ import annotations
 
@@ -92,8 +94,25 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
         if not isinstance(row, dict) or "prompt" not in row:
             raise PromptError(f"{path}:{i}: each line must be a JSON object with a 'prompt' key")
         prompt = row.pop("prompt")
-        items.append((str(prompt), row))
+        items.append((str(prompt), _image_paths(row, path, i)))
     return items
+
+
+def _image_paths(row: dict, path: Path, line: int) -> dict:
+    """``"image"`` / ``"images"`` of a JSONL row → ``row["images"]``: absolute paths relative to the file."""
+    if "image" in row and "images" in row:
+        raise PromptError(f"{path}:{line}: give either 'image' (one path) or 'images' (a list), not both")
+    if "image" not in row and "images" not in row:
+        return row
+    given = [row.pop("image")] if "image" in row else row.pop("images")
+    if not isinstance(given, list) or not all(isinstance(g, str) for g in given):
+        raise PromptError(f"{path}:{line}: 'image' must be a path string and 'images' a list of path strings")
+    paths = [(path.parent / g).resolve() for g in given]
+    missing = [str(q) for q in paths if not q.is_file()]
+    if missing:
+        raise PromptError(f"{path}:{line}: source image not found: {missing[0]}")
+    row["images"] = [str(q) for q in paths]
+    return row
 
 
 def load_prompts(source: str, seed: int = 0):

@@ -24,7 +24,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
-__all__ = ["GridLayout", "compose_grid", "grid_layout", "make_grid", "text_layer", "to_uint8", "upscale"]
+__all__ = ["GridLayout", "compose_grid", "grid_layout", "make_grid", "source_tiles", "text_layer", "to_uint8",
+           "upscale"]
 
 BACKGROUND = 255
 
@@ -94,6 +95,22 @@ def to_uint8(pixels: Tensor) -> np.ndarray:
         raise ValueError(f"pixels must be float in [0, 1], got dtype {pixels.dtype}")
     x = (pixels.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
     return x.movedim(-3, -1).cpu().numpy()
+
+
+def source_tiles(images: Sequence | None, tile_shape: Sequence[int]) -> np.ndarray | None:
+    """Each prompt's first source image as a uint8 tile (P, *tile_shape) beside the results: resized (bilinear,
+    antialiased) to the tiles' h × w, repeated over frames for video tiles, white for a prompt without one;
+    None when ``images`` is None (no prompt has a source)."""
+    if images is None:
+        return None
+    h, w = int(tile_shape[-3]), int(tile_shape[-2])
+    out = []
+    for row in images:
+        img = torch.ones(1, 3, h, w) if not row else torch.nn.functional.interpolate(
+            row[0][None].float(), size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+        tile = to_uint8(img[0])
+        out.append(np.repeat(tile[None], tile_shape[0], 0) if len(tile_shape) == 4 else tile)
+    return np.stack(out)
 
 
 def upscale(tiles: np.ndarray, factor: int) -> np.ndarray:

@@ -12,7 +12,8 @@ every evaluation writes files.
 Output layout of ``out_dir``::
 
     grid_000.png | grid_000.mp4 | grid_000.gif   rows = prompts (``rows_per_page`` per page),
-                                                 columns = seeds × policies (seed-major: base|trained per seed)
+                                                 columns = seeds × policies (seed-major: base|trained per seed),
+                                                 after a "source" column when prompts carry source images
     metrics.jsonl                                one {"kind": "sample", ...} per image, one {"kind": "prompt", ...}
                                                  (seed diversity) per prompt, then {"kind": "summary"}
     index.html                                   the gallery
@@ -36,9 +37,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.data.images import source_images
 from flowrl.eval.drift import DriftBand
 from flowrl.eval.gallery import GalleryEntry, write_gallery
-from flowrl.eval.grid import make_grid, to_uint8
+from flowrl.eval.grid import make_grid, source_tiles, to_uint8
 from flowrl.eval.media import VIDEO_FORMATS, save_png, save_video
 from flowrl.eval.monitors import (
     COUNT_KEYS,
@@ -51,6 +53,8 @@ from flowrl.eval.sample import EVAL_ITERATION
 
 __all__ = ["EvalResult", "eval_metric_names", "run_eval"]
 
+SOURCE = "source"    # the grid column of the prompts' source images
+
 PolicySpec = Any  # Policy | (Policy, adapter name | None) | (Policy, () -> context manager); see _unpack
 
 
@@ -59,6 +63,7 @@ class EvalResult:
     """Everything one evaluation produced, in memory.
 
     tiles:  {policy label: uint8 (P, S, [F,] h, w, 3)} (downscaled to ``max_tile``).
+    sources: uint8 (P, h, w, 3) each prompt's first source image at the tile size, or None (no prompt has one).
     scores: {policy label: {score name: (P, S) float32}} (NaN = reward does not apply); the image
             statistics are the scores ``detect/<statistic>``.
     diversity: {policy label: {prompt index: seed diversity D_p}} (empty with fewer than two seeds).
@@ -67,6 +72,7 @@ class EvalResult:
     tiles: dict[str, np.ndarray]
     scores: dict[str, dict[str, Tensor]]
     diversity: dict[str, dict[int, float]] = field(default_factory=dict)
+    sources: np.ndarray | None = None
 
 
 def _unpack(spec: PolicySpec):
@@ -83,13 +89,16 @@ def _unpack(spec: PolicySpec):
     return spec, contextlib.nullcontext
 
 
-def _score(rewards, pixels: Tensor, prompts: list[str], metas: list[dict], group_ids: Tensor) -> dict[str, Tensor]:
+def _score(rewards, pixels: Tensor, prompts: list[str], metas: list[dict], group_ids: Tensor,
+           images=None) -> dict[str, Tensor]:
     """Per-image scores ``{name: (n,)}`` from a RewardSet, a mapping name → reward callable, or None."""
     if rewards is None:
         return {}
+    from dataclasses import replace
+
     from rewards.base import make_input, normalize_output
 
-    batch = make_input(pixels.float().clamp(0, 1), prompts, group_ids, metas)
+    batch = replace(make_input(pixels.float().clamp(0, 1), prompts, group_ids, metas), images=images)
     if isinstance(rewards, Mapping):
         out = {}
         for name, fn in rewards.items():
@@ -139,9 +148,11 @@ def generate(policy_spec: PolicySpec, prompts: Sequence[str], metas: Sequence[di
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start:start + batch_size]
             texts = [prompts[p] for p, _ in chunk]
-            pixels = engine.sample(texts, [_generator(seeds[j], p) for p, j in chunk], decode=True).pixels
+            images = source_images([metas[p] for p, _ in chunk])
+            pixels = engine.sample(texts, [_generator(seeds[j], p) for p, j in chunk], decode=True,
+                                   images=images).pixels
             scores = _score(rewards, pixels, texts, [dict(metas[p]) for p, _ in chunk],
-                            torch.tensor([p for p, _ in chunk]))
+                            torch.tensor([p for p, _ in chunk]), images)
             if detectors is not None:
                 scores.update(detector_scores(pixels, detectors == "shapes", skip=scores))
             for k, v in scores.items():
@@ -196,16 +207,22 @@ def _caption(scores: dict[str, Tensor], p: int, j: int, main: Sequence[str]) -> 
 
 def write_grids(result: EvalResult, prompts: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
                 rows_per_page: int = 8, video_format: str = "mp4", fps: int = 8) -> list[GalleryEntry]:
-    """Pages of rows_per_page prompts; columns (seed j, policy l) seed-major; returns gallery entries."""
+    """Pages of rows_per_page prompts; columns (seed j, policy l) seed-major, after a "source" column when the
+    prompts carry source images (source | results); returns gallery entries."""
     labels = list(result.tiles)
     main = sorted({n for s in result.scores.values() for n in s if "/" not in n})
     cols = [(j, lab) for j in range(len(seeds)) for lab in labels]
     col_labels = [f"seed {seeds[j]} · {lab}" if len(labels) > 1 else f"seed {seeds[j]}" for j, lab in cols]
+    if result.sources is not None:
+        result.tiles[SOURCE] = np.repeat(result.sources[:, None], len(seeds), axis=1)
+        result.scores[SOURCE] = {}
+        cols, col_labels = [(0, SOURCE), *cols], [SOURCE, *col_labels]
     entries = []
     for page, r0 in enumerate(range(0, len(prompts), rows_per_page)):
         rows = list(range(r0, min(r0 + rows_per_page, len(prompts))))
         tiles = np.stack([np.stack([result.tiles[lab][p, j] for j, lab in cols]) for p in rows])
-        captions = [[_caption(result.scores[lab], p, j, main) for j, lab in cols] for p in rows]
+        captions = [[_caption(result.scores[lab], p, j, main) if lab != SOURCE else "" for j, lab in cols]
+                    for p in rows]
         row_labels = [f"{p + 1}. {prompts[p]}" for p in rows]
         canvas = make_grid(tiles, row_labels, col_labels, captions if main else None,
                            caption_lines=max(1, min(4, len(main))))
@@ -215,6 +232,8 @@ def write_grids(result: EvalResult, prompts: Sequence[str], seeds: Sequence[int]
             file = save_png(canvas, out_dir / f"grid_{page:03d}.png")
         entries.append(GalleryEntry(file.name, f"prompts {rows[0] + 1}–{rows[-1] + 1}",
                                     [prompts[p] for p in rows], col_labels, first_row=rows[0] + 1))
+    if result.sources is not None:
+        del result.tiles[SOURCE], result.scores[SOURCE]
     return entries
 
 
@@ -291,6 +310,7 @@ def run_eval(policies: Mapping[str, PolicySpec], prompts: Sequence[str], metas: 
             num_frames=num_frames, batch_size=batch_size, max_tile=max_tile, on_sample=_chain(writer, collect),
             negative_prompt=negative_prompt, detectors=kind)
         result.diversity[label] = collect.per_prompt() if collect is not None else {}
+    result.sources = source_tiles(source_images(metas), next(iter(result.tiles.values())).shape[2:])
     summary = _summary(result, len(prompts), len(seeds))
     alarms, alarm_lines = evaluation_alarms(summary, list(policies), base_stats, bands)
     summary.update(alarms)

@@ -1,4 +1,5 @@
-"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, toy), LoRA named adapters, EMA.
+"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, qwen_image,
+qwen_image_edit[_plus], toy), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
 (no diffusers / transformers import).
@@ -12,6 +13,9 @@ POLICIES = Registry("policy", {
     "flux2_klein": "flowrl.policies.flux2:Flux2KleinPolicy",
     "wan": "flowrl.policies.wan:WanPolicy",
     "zimage": "flowrl.policies.zimage:ZImagePolicy",
+    "qwen_image": "flowrl.policies.qwen_image:QwenImagePolicy",
+    "qwen_image_edit": "flowrl.policies.qwen_image_edit:QwenImageEditPolicy",
+    "qwen_image_edit_plus": "flowrl.policies.qwen_image_edit:QwenImageEditPlusPolicy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 

@@ -31,7 +31,8 @@ class Policy(Protocol):
     implements the adapter and weight methods for the diffusers families; a new family implements the rest.
     """
 
-    family: str                 # "sd3" | "flux" | "wan" | "toy"
+    family: str                 # "sd3" | "flux" | "wan" | "qwen_image" | "qwen_image_edit" | "toy"
+    accepts_images: bool        # encode(..., images=...) takes reference images (image-conditioned prompts)
     device: torch.device
     dtype: torch.dtype          # model compute dtype; samplers keep float32 latents
     default_guidance: float     # the family's CFG / distilled-guidance default (sampler.guidance: None → this)
@@ -50,9 +51,11 @@ class Policy(Protocol):
 
     # ---- the model -----------------------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
-        """Text conditioning of B prompts (``Cond.embeds`` tensors with B rows). With ``cfg`` the unconditional /
-        negative part ``Cond.uncond`` is filled too (same shapes)."""
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
+        """Conditioning of B prompts (``Cond.embeds`` tensors with B rows). With ``cfg`` the unconditional /
+        negative part ``Cond.uncond`` is filled too. ``images``: None, or B entries, each None or a list of
+        reference images, float32 (3, H, W) in [0, 1]; a policy with ``accepts_images`` puts what it needs
+        (e.g. encoded reference latents) into ``Cond.embeds``, batch-first; any other policy raises."""
 
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         """Per-sample latent shape for a pixel resolution, e.g. (C, H/8, W/8) or (C, F', H', W')."""
@@ -159,6 +162,28 @@ def resolve_guidance(guidance: float | None, default: float, cond: Cond) -> tupl
     return float(guidance), guidance > 1.0
 
 
+def check_images(images: Sequence | None, batch: int, family: str, accepts: bool) -> list | None:
+    """``images`` as a list of B entries (None or a list of (3, H, W) float tensors in [0, 1]), or None when no
+    row carries one; one-line ValueError for a bad entry, or for images given to a family without
+    ``accepts_images``."""
+    if images is None:
+        return None
+    rows = list(images)
+    if len(rows) != batch:
+        raise ValueError(f"images: {len(rows)} entries for {batch} prompts; give one entry (None or a list) per prompt")
+    if all(r is None or len(r) == 0 for r in rows):
+        return None
+    if not accepts:
+        raise ValueError(f"the {family!r} policy does not accept images, but a prompt carries reference images; "
+                         "use an image-conditioned family (e.g. qwen_image_edit) or a prompt file without images")
+    for i, row in enumerate(rows):
+        for img in row or []:
+            if not isinstance(img, Tensor) or img.dim() != 3 or img.shape[0] != 3 or not img.is_floating_point():
+                raise ValueError(f"images[{i}]: each reference image must be a float tensor (3, H, W) in [0, 1], got "
+                                 f"{type(img).__name__} {tuple(getattr(img, 'shape', ()))}")
+    return [None if not r else list(r) for r in rows]
+
+
 class PolicyBase:
     """Adapter switching, trainable parameters, noise and checkpointing shared by the diffusers policies.
 
@@ -168,6 +193,8 @@ class PolicyBase:
 
     family: str = ""
     default_guidance: float = 1.0
+    accepts_images: bool = False       # image-conditioned prompts (``encode(images=...)``)
+    requires_images: bool = False      # every prompt must carry one (editing); read by the start-up checks
     shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
 
     @property
@@ -210,6 +237,11 @@ class PolicyBase:
     def load_adapter(self, path, name: str = "train") -> None:
         """safetensors file ``path`` → adapter ``name`` (a "train" file may be loaded into "old" too)."""
         self.weights.load(path, name)
+
+    def check_images(self, images: Sequence | None, batch: int) -> list[list[Tensor] | None] | None:
+        """Validate ``encode``'s ``images``: None, or ``batch`` entries each None or a list of (3, H, W) float
+        tensors in [0, 1]; one-line ValueError otherwise, or when this policy does not take images."""
+        return check_images(images, batch, self.family, self.accepts_images)
 
     def use_wrapped_transformer(self, wrapped: nn.Module) -> None:
         """Route ``velocity`` through ``wrapped`` (what ``accelerator.prepare(policy.transformer)`` returned:

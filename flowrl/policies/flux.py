@@ -125,9 +125,10 @@ class FluxPolicy(PolicyBase):
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, L, D) from T5 and ``pooled_prompt_embeds`` (B, 768) from CLIP (pipeline's
         encode_prompt). The uncond part is encoded only for true CFG (``Config.true_cfg > 1``)."""
+        self.check_images(images, len(prompts))  # raises: this family takes no reference images
         prompts = list(prompts)
         embeds = self._encode(prompts)
         uncond = None

@@ -166,6 +166,7 @@ class Flux2Policy(PolicyBase):
             if len(neg) != len(prompts):
                 raise ValueError(f"got {len(neg)} negative prompts for {len(prompts)} prompts")
             uncond = {"prompt_embeds": self._encode(neg)}
+        images = self.check_images(images, len(prompts))
         if images is not None:
             embeds.update(self.encode_references(images, len(prompts)))
         return Cond(embeds, uncond, prompts)

@@ -38,6 +38,7 @@ FLUX2_TARGETS = SD3_TARGETS + ("ff.linear_in", "ff.linear_out", "ff_context.line
                                "to_qkv_mlp_proj", "single_transformer_blocks.*.attn.to_out")
 # Z-Image (transformer_z_image.py): attention projections and the SwiGLU feed-forward of every block and refiner
 ZIMAGE_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+QWEN_IMAGE_TARGETS = SD3_TARGETS + ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
 
 
 @dataclass

@@ -96,9 +96,10 @@ class SD3Policy(PolicyBase):
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, 77+L, D) and ``pooled_prompt_embeds`` (B, P) from the pipeline's encode_prompt;
         uncond from ``negative_prompts`` (default "")."""
+        self.check_images(images, len(prompts))  # raises: this family takes no reference images
         prompts = list(prompts)
         pe, npe, ppe, nppe = self.pipe.encode_prompt(
             prompt=prompts, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=cfg,

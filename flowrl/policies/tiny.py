@@ -151,12 +151,13 @@ def wan_components(seed: int = 0) -> dict:
 
 
 def save_preset(family: str, directory, seed: int = 0):
-    """Write the tiny preset of ``family`` (sd3, flux, wan, flux2, flux2_klein, zimage) in the diffusers pipeline
-    layout; load it back with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)`` or
-    ``XPipeline.from_pretrained``."""
+    """Write the tiny preset of ``family`` (sd3, flux, wan, flux2, flux2_klein, zimage, qwen_image[_edit[_plus]]) in
+    the diffusers layout; load it back with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)``
+    or ``XPipeline.from_pretrained``."""
     from flowrl.policies import POLICIES
 
-    families = ("sd3", "flux", "wan", "flux2", "flux2_klein", "zimage")
+    families = ("sd3", "flux", "wan", "flux2", "flux2_klein", "zimage", "qwen_image", "qwen_image_edit",
+                "qwen_image_edit_plus")
     if family not in families:
-        raise ValueError(f"tiny presets exist for {', '.join(families)}; got {family!r}")
+        raise ValueError(f"tiny presets exist for {', '.join(repr(f) for f in families)}; got {family!r}")
     return POLICIES.get(family).tiny(seed=seed).save_pretrained(directory)

@@ -110,9 +110,10 @@ class ToyPolicy(PolicyBase):
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, 16, D) and ``pooled_prompt_embeds`` (B, P); uncond from ``negative_prompts``
         (default "", the prompt-dropout token sequence of pretraining)."""
+        self.check_images(images, len(prompts))  # raises: this family takes no reference images
         prompts = list(prompts)
         embeds = self._embed(prompts)
         uncond = None

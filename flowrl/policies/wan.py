@@ -125,9 +125,10 @@ class WanPolicy(PolicyBase):
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, L, 4096) from UMT5 (pipeline's encode_prompt: cleaned text, zeroed padding);
         uncond from ``negative_prompts`` (default "")."""
+        self.check_images(images, len(prompts))  # raises: this family takes no reference images
         prompts = list(prompts)
         pe, npe = self.pipe.encode_prompt(
             prompt=prompts, negative_prompt=None if negative_prompts is None else list(negative_prompts),

@@ -104,9 +104,10 @@ class ZImagePolicy(PolicyBase):
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               cfg: bool = True) -> Cond:
+               cfg: bool = True, images: Sequence | None = None) -> Cond:
         """``prompt_embeds`` (B, max_sequence_length, D) zero-padded + ``prompt_mask`` (B, L) from the pipeline's
         ``encode_prompt``; uncond from ``negative_prompts`` (default "") when ``cfg``."""
+        self.check_images(images, len(prompts))  # raises: this family takes no reference images
         prompts = list(prompts)
         embeds = self._encode(prompts)
         uncond = None

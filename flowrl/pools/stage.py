@@ -107,6 +107,9 @@ class PoolStage:
         n = self.cfg.candidates
         cands = Candidates([items[p][0] for p in ids], [dict(items[p][1]) for p in ids], list(ids), n, lay.seed,
                            iteration)
+        if any(m.get("images") for m in cands.meta):
+            raise ValueError("sampler.pool: candidate pools do not pass prompts' source images to the scouts yet; "
+                             "train image-conditioned prompts without sampler.pool")
         with torch.no_grad(), lay.dist.autocast():
             out = self.scout.score(self.context, cands, iteration)
             kept = self.select(out.scores, iteration)                     # (P_local, K) ascending

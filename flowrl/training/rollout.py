@@ -132,6 +132,7 @@ class RolloutStage:
         return self.window.plan(iteration, self.steps, rng)
 
     def run(self, iteration: int) -> Samples:
+        from flowrl.data.images import source_images
         from samplers.rng import sample_generator
 
         if self.strategy is not None:
@@ -144,7 +145,7 @@ class RolloutStage:
         group_ids = torch.tensor([r // lay.G for r in rows], dtype=torch.long)
         gens = [sample_generator(self.seed, iteration, r // lay.G, r % lay.G) for r in rows]
         with torch.no_grad(), self.dist.autocast():
-            out = self.engine.sample(prompts, gens, self.plan(iteration), decode=True)
+            out = self.engine.sample(prompts, gens, self.plan(iteration), decode=True, images=source_images(meta))
         nfe = int(out.result.nfe) * lay.P * lay.G
         return Samples(prompts, meta, group_ids, out.cond, out.result, out.pixels,
                        record(self.engine.spec, out.cond, out.result), nfe, {"rollout/forwards": nfe},

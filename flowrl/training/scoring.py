@@ -26,7 +26,10 @@ class Scores:
 
 def score_samples(rewards, dist, samples) -> Scores:
     """Score ``samples.pixels`` with the reward set; gather the (n, K) scores into (N, K)."""
-    batch = RewardInput(samples.pixels.float().clamp(0, 1), samples.prompts, samples.group_ids, samples.meta)
+    from flowrl.data.images import source_images
+
+    batch = RewardInput(samples.pixels.float().clamp(0, 1), samples.prompts, samples.group_ids, samples.meta,
+                        source_images(samples.meta))
     out = rewards(batch)
     R = dist.gather(out.scores.float())
     metrics = {}

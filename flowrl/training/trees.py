@@ -133,6 +133,7 @@ class TreeStage:
         return self.spec.branching.plan(iteration, self.engine.spec.steps, rng)
 
     def run(self, iteration: int) -> TreeSamples:
+        from flowrl.data.images import source_images
         from samplers.rng import sample_generator
 
         lay, eng = self.layout, self.engine
@@ -141,7 +142,8 @@ class TreeStage:
         prompts = [items[p][0] for p in ids]
         gens = [sample_generator(lay.seed, iteration, p, 0) for p in ids]
         with torch.no_grad(), lay.dist.autocast():
-            cond, tree = eng.grow(prompts, gens, self.plan(iteration), self.branch(iteration), self.spec.noise)
+            cond, tree = eng.grow(prompts, gens, self.plan(iteration), self.branch(iteration), self.spec.noise,
+                                  images=source_images([items[p][1] for p in ids]))
             pixels = eng.decode(tree.latents)
         leaf_root = tree.leaf_root
         expected = torch.arange(len(ids)).repeat_interleave(lay.G)

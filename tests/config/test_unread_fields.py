@@ -49,6 +49,12 @@ FAMILY_OVERRIDES = {
     "flux2": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "flux2_klein": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "zimage": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
+    "qwen_image": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.steps=3"],
+    # the edit pipeline resizes sources to 1024² pixels; the tiny run uses 32² (16 reference tokens)
+    "qwen_image_edit": ["policy.reference_area=1024", "sampler.height=16", "sampler.width=16", "sampler.steps=3"],
+    "qwen_image_edit_plus": ["policy.reference_area=1024", "policy.condition_area=1024", "sampler.steps=3",
+                             "sampler.height=16",
+                             "sampler.width=16"],
 }
 
 
@@ -80,6 +86,8 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
     if cfg.policy.kind == "wan":                      # learned rewards need downloads: an offline stand-in
         ov.append("rewards={video_jpeg: {reward: video_frame_mean, weight: 1.0, "
                   "kwargs: {reward: jpeg_compressibility}}}")
+    elif cfg.policy.kind.startswith("qwen_image_edit"):   # an offline reward that reads the prompts' sources
+        ov.append("rewards={source_fidelity: {weight: 1.0}}")
     elif cfg.policy.kind != "toy":
         ov.append("rewards={jpeg_compressibility: {weight: 1.0}}")
     return ov
@@ -95,6 +103,9 @@ def test_every_field_of_the_recipe_is_read(recipe, tmp_path):
         Trainer(cfg, accelerator=make_accelerator("no", cpu=True)).run()
     unread = {f for f in t.unread() if not excused(f, cfg)}
     assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"
+    if cfg.data.train.endswith(".jsonl") and '"image' in Path(cfg.data.train).read_text():
+        pages = sorted(tmp_path.glob("run/eval/*/index.html"))   # image-conditioned prompts: grids show the sources
+        assert pages and all("columns: source | seed" in page.read_text() for page in pages), pages
 
 
 # ---- the streaming-distillation recipes (flowrl.distill.config: the run schema's run/data/checkpoint/log sections

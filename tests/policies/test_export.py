@@ -1,5 +1,5 @@
 """Export: the diffusers-lora file and the merged transformer, loaded by stock diffusers pipelines, reproduce the
-flowrl policy's trained-adapter samples (tiny SD3 / FLUX / Wan, float32, offline)."""
+flowrl policy's trained-adapter samples (tiny SD3 / FLUX / Wan / Qwen-Image, float32, offline)."""
 import json
 
 import pytest
@@ -17,6 +17,7 @@ FAMILIES = {
     "sd3": ("StableDiffusion3Pipeline", "SD3Transformer2DModel", 16, 16, None, 4.5),
     "flux": ("FluxPipeline", "FluxTransformer2DModel", 8, 8, None, 3.5),
     "wan": ("WanPipeline", "WanTransformer3DModel", 16, 16, 5, 5.0),
+    "qwen_image": ("QwenImagePipeline", "QwenImageTransformer2DModel", 16, 16, None, 4.0),
 }
 
 
@@ -62,7 +63,9 @@ def _pipeline_call(family, pipe, x, output_type):
           "output_type": output_type}
     if family == "sd3":
         return pipe(latents=x.clone(), **kw).images
-    if family == "flux":
+    if family == "qwen_image":              # true CFG against the policy's default negative " "
+        kw.update(guidance_scale=None, true_cfg_scale=guidance, negative_prompt=[" "] * len(PROMPTS))
+    if family in ("flux", "qwen_image"):
         from flowrl.policies.flux import pack_latents, unpack_latents
 
         out = pipe(latents=pack_latents(x), height=h, width=w, **kw).images

@@ -9,7 +9,7 @@ from flowrl.policies.base import Policy
 
 MEMBERS = [n for n, v in vars(Policy).items() if callable(v) or isinstance(v, classmethod)
            if not n.startswith("_")]
-ATTRIBUTES = ["family", "device", "dtype", "default_guidance"]
+ATTRIBUTES = ["family", "accepts_images", "device", "dtype", "default_guidance"]
 
 
 def _params(fn) -> list[str]:

@@ -1,4 +1,5 @@
-"""GPU readiness in one command: full-size SD3.5-Medium, FLUX.1-dev and Wan2.1-1.3B transformers with random weights.
+"""GPU readiness in one command: full-size SD3.5-Medium, FLUX.1-dev, Wan2.1-1.3B and Qwen-Image transformers with
+random weights.
 
     python scripts/bench.py gpu                      # one JSON line; sized for < 8 min on one H200
     python scripts/bench.py gpu --families flux --steps 4
@@ -12,7 +13,8 @@ Without a CUDA device it prints ``{"bench": "gpu", "skipped": "no CUDA device"}`
 What it builds: each transformer from its published ``config.json`` (copied into ``configs/gpu/*.json``; sources in
 ``tests/test_gpu_bench.py``), instantiated on the GPU with random weights (no download) and cast to bf16 (the class'
 ``_keep_in_fp32_modules`` stay float32, as ``from_pretrained`` keeps them). The text
-encoders are *tiny random* models (one layer) with the real output widths (CLIP 768/1280 pooled, T5/UMT5 4096), the
+encoders are *tiny random* models (one layer) with the real output widths (CLIP 768/1280 pooled, T5/UMT5 4096,
+Qwen2.5-VL 3584), the
 VAEs tiny ones with the real latent factors, tokenizers trained offline (``flowrl.policies.tiny``): only the
 transformer matters for throughput, and nothing is decoded (latents out). Random weights make the images noise;
 ``rel_diff`` is a sanity check, not a quality figure.
@@ -31,7 +33,8 @@ What it measures per family (wall seconds with ``cuda.synchronize``, peak alloca
 and ``streaming``: the causal Wan2.1-1.3B student (``flowrl.distill.causal_wan``) generating 21 latent frames
 (81 video frames) at 480×832 chunk by chunk (3 frames) with its KV cache, 4 self-forcing steps: ``fps`` =
 video frames / seconds (VAE decode excluded). Defaults: SD3.5 / FLUX 512×512, batch 2; Wan 480×832×33, batch 1;
-10 sampling steps; CFG per family default (SD3 4.5 → doubled batch, FLUX distilled 3.5, Wan 5.0 → 2 forwards).
+Qwen-Image 512×512, batch 1, gradient checkpointing (its recipe's); 10 sampling steps; CFG per family default (SD3
+4.5 → doubled batch, FLUX distilled 3.5, Wan 5.0 → 2 forwards, Qwen-Image norm-rescaled true CFG 4.0 → 2 forwards).
 ``--scale tiny`` shrinks every config (same classes and code path) for a CPU smoke run.
 """
 from __future__ import annotations
@@ -49,23 +52,27 @@ from flowrl.bench.paths import REPO
 
 CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
-           "wan": "wan21_t2v_1.3b_transformer.json", **new.CONFIGS}
+           "wan": "wan21_t2v_1.3b_transformer.json", "qwen_image": "qwen_image_transformer.json", **new.CONFIGS}
 # family: (height, width, frames, batch) at full scale / tiny scale
-GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1)},
-            "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1)}}
+GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1),
+                     "qwen_image": (512, 512, None, 1)},
+            "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1),
+                     "qwen_image": (32, 32, None, 1)}}
 for _scale in GEOMETRY:
     GEOMETRY[_scale].update(new.GEOMETRY[_scale])
 PROMPTS = ["a red circle left of a blue square", "a photo of a cat", "a dog", "a tree"]
 VAE_SCALING = {"sd3": (1.5305, 0.0609), "flux": (0.3611, 0.1159)}   # (scaling_factor, shift_factor)
-# flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX)
-NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, **new.NOISE_LEVEL}
+# flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX; Flow-Factory Qwen-Image 1.0)
+NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, "qwen_image": 1.0, **new.NOISE_LEVEL}
+CHECKPOINTED = ("wan", "qwen_image")                   # families benched with gradient checkpointing
+WARMUP_STEPS = 2                                       # Qwen-Image's shift_terminal grid needs >= 2 steps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default="sd3,flux,wan",
-                    help="comma-separated subset of sd3, flux, wan, flux2, flux2_klein, zimage")
+    ap.add_argument("--families", default="sd3,flux,wan,qwen_image",
+                    help="comma-separated subset of sd3, flux, wan, qwen_image, flux2, flux2_klein, zimage")
     ap.add_argument("--steps", type=int, default=10, help="sampling steps of every rollout")
     ap.add_argument("--scale", choices=("full", "tiny"), default="full", help="tiny: shrunk configs (CPU smoke run)")
     ap.add_argument("--device", default="cuda")
@@ -98,6 +105,8 @@ def shrink(family: str, cfg: dict) -> dict:
                      dual_attention_layers=[0], pos_embed_max_size=32)
     elif family == "flux":
         small.update(num_single_layers=2, joint_attention_dim=64, pooled_projection_dim=32, axes_dims_rope=[4, 6, 6])
+    elif family == "qwen_image":
+        small.update(joint_attention_dim=64, axes_dims_rope=[4, 6, 6])
     else:
         small.update(ffn_dim=64, text_dim=64, rope_max_seq_len=64)
     return small
@@ -139,6 +148,11 @@ def _t5(width: int, umt5: bool = False):
 def _vae(family: str):
     from diffusers import AutoencoderKL
 
+    if family == "qwen_image":     # the Qwen-Image VAE's layout (16 channels, ×8 space) at width 8
+        from diffusers import AutoencoderKLQwenImage
+
+        return AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+                                      temperal_downsample=[False, True, True])
     if family == "wan":
         from flowrl.distill.components import tiny_vae
 
@@ -173,6 +187,12 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
                 "tokenizer": clip_tokenizer(), "tokenizer_2": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
                                                     max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+    elif family == "qwen_image":    # Qwen2.5-VL text width = joint_attention_dim; the Qwen-Image scheduler config
+        from flowrl.policies.tiny_qwen import qwen_scheduler, qwen_tokenizer, qwen_vl_text_encoder
+
+        tok = qwen_tokenizer()
+        text = {"text_encoder": qwen_vl_text_encoder(tok, width=c.joint_attention_dim, layers=1), "tokenizer": tok}
+        scheduler = qwen_scheduler()
     else:                 # Wan2.1 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
         text = {"text_encoder": _t5(c.text_dim, umt5=True), "tokenizer": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
@@ -224,10 +244,12 @@ def pipeline_call(family, pipe, x, steps, geometry, seq_len, policy=None):
           "output_type": "latent"}
     if family == "sd3":
         return pipe(latents=x.clone(), guidance_scale=4.5, **kw).images
-    if family == "flux":
+    if family in ("flux", "qwen_image"):
         from flowrl.policies.flux import pack_latents, unpack_latents
 
-        out = pipe(latents=pack_latents(x), height=h, width=w, guidance_scale=3.5, **kw).images
+        cfg = {"guidance_scale": 3.5} if family == "flux" else {"true_cfg_scale": 4.0,
+                                                               "negative_prompt": [" "] * x.shape[0]}
+        out = pipe(latents=pack_latents(x), height=h, width=w, **cfg, **kw).images
         return unpack_latents(out, x.shape[-2], x.shape[-1])
     return pipe(latents=x.clone(), height=h, width=w, num_frames=frames, guidance_scale=5.0, **kw).frames
 
@@ -288,8 +310,8 @@ def bench_family(family: str, args) -> dict:
     transformer, built = timed(device, lambda: build_transformer(cfg, device, dtype))
     n_params = sum(p.numel() for p in transformer.parameters())     # before LoRA is added
     cls = POLICIES.get(family)
-    config = (new.bench_config(cls, family) if family in new.CONFIGS    # video activations: checkpoint blocks
-              else cls.config_class(gradient_checkpointing=family == "wan"))
+    config = (new.bench_config(cls, family) if family in new.CONFIGS    # Wan video / Qwen 20B activations
+              else cls.config_class(gradient_checkpointing=family in CHECKPOINTED))
     policy = cls(components(family, transformer, dtype), config, device, dtype)   # adds "train"/"old" LoRA
     pipe, seq_len = policy.pipe, config.max_sequence_length         # the stock pipeline on the same components
     pipe.set_progress_bar_config(disable=True)
@@ -298,10 +320,10 @@ def bench_family(family: str, args) -> dict:
            "gradient_checkpointing": config.gradient_checkpointing}
     x = policy.noise([torch.Generator().manual_seed(i) for i in range(b)], h, w, frames)
     with torch.no_grad(), policy.adapter(None):                     # LoRA layers bypassed: the stock model
-        pipeline_call(family, pipe, x, 1, geometry, seq_len, policy)
+        pipeline_call(family, pipe, x, WARMUP_STEPS, geometry, seq_len, policy)
         ref, rec["pipeline"] = timed(device, lambda: pipeline_call(family, pipe, x, args.steps, geometry, seq_len,
                                                                    policy))
-    flowrl_rollout(policy, x, 1, None, nullcontext())
+    flowrl_rollout(policy, x, WARMUP_STEPS, None, nullcontext())
     base, rec["flowrl_base"] = timed(device, lambda: flowrl_rollout(policy, x, args.steps, None, nullcontext()))
     rec["rel_diff"] = _finite_or_none(float((base - ref.float()).abs().max() / ref.float().abs().max()))
     lora, rec["flowrl_lora"] = timed(device, lambda: flowrl_rollout(policy, x, args.steps, "old",
