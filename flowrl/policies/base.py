@@ -196,6 +196,7 @@ class PolicyBase:
     accepts_images: bool = False       # image-conditioned prompts (``encode(images=...)``)
     requires_images: bool = False      # every prompt must carry one (editing); read by the start-up checks
     shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
+    default_path: str = ""             # hub id ``from_pretrained(None)`` loads
 
     @property
     def transformer(self) -> nn.Module:
@@ -310,6 +311,17 @@ class PolicyBase:
         for name in self._saved_weight_names():
             self.weights.save(comp.adapter_path(out, name), name)
         return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | None = None, dtype: torch.dtype = torch.bfloat16, device="cpu", config=None):
+        """``components.load_policy``: ``cls.spec`` from ``path`` (None → ``cls.default_path``) + saved adapters."""
+        from flowrl.policies.components import load_policy
+
+        return load_policy(cls, path or cls.default_path, dtype, device, config)
+
+    @classmethod
+    def _pipeline_kwargs(cls, path) -> dict:
+        return {}
 
     @classmethod
     def _saved_config(cls, path):

@@ -100,3 +100,14 @@ def is_local(path: str | Path) -> bool:
 
 def freeze(module: nn.Module) -> nn.Module:
     return module.eval().requires_grad_(False)
+
+
+def load_policy(cls, path: str, dtype: torch.dtype, device, config=None):
+    """A ``PolicyBase`` subclass from ``path``: the Config a ``save_pretrained`` directory holds (read first, so a
+    directory of another family is refused before any weight loads), every ``cls.spec`` component via its
+    ``from_pretrained(path, subfolder=...)`` (VAE float32), ``cls._pipeline_kwargs(path)``, then saved adapters."""
+    config = config or cls._saved_config(path)
+    policy = cls(load_components(path, cls.spec, dtype, device), config, device, dtype, **cls._pipeline_kwargs(path))
+    policy._load_saved_adapters(path)
+    return policy
+

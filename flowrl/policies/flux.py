@@ -81,6 +81,7 @@ class FluxPolicy(PolicyBase):
     pipeline_class = "FluxPipeline"
     shard_blocks = ("transformer_blocks", "single_transformer_blocks")   # FSDP units: both block lists
     spec = SPEC
+    default_path = HUB_IDS["flux.1-dev"]
     config_class = Config
 
     def __init__(self, components: dict, config: Config | None = None, device: torch.device | str = "cpu",
@@ -89,15 +90,6 @@ class FluxPolicy(PolicyBase):
 
         self._setup(components, config or Config(), device, dtype)
         self.pipe = FluxPipeline(**components)
-
-    @classmethod
-    def from_pretrained(cls, path: str = HUB_IDS["flux.1-dev"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> FluxPolicy:
-        """Load every component with its ``from_pretrained(path, subfolder=...)``; VAE kept float32."""
-        config = config or cls._saved_config(path)
-        policy = cls(comp.load_components(path, SPEC, dtype, device), config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
 
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> FluxPolicy:

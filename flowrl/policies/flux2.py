@@ -118,21 +118,6 @@ class Flux2Policy(PolicyBase):
         self.pipe = getattr(diffusers, self.pipeline_class)(**components, **pipeline_kwargs)
 
     @classmethod
-    def from_pretrained(cls, path: str | None = None, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config=None):
-        """Every component via its ``from_pretrained(path, subfolder=...)`` (VAE float32); saved adapters too."""
-        path = path or cls.default_path
-        config = config or cls._saved_config(path)
-        policy = cls(comp.load_components(path, cls.spec, dtype, device), config, device, dtype,
-                     **cls._pipeline_kwargs(path))
-        policy._load_saved_adapters(path)
-        return policy
-
-    @classmethod
-    def _pipeline_kwargs(cls, path) -> dict:
-        return {}
-
-    @classmethod
     def tiny(cls, seed: int = 0, config=None, device: torch.device | str = "cpu"):
         """Tiny offline FLUX.2 (``tiny_chat.flux2_components``), float32, random weights."""
         from flowrl.policies.tiny_chat import flux2_components

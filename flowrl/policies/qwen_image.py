@@ -88,7 +88,7 @@ class QwenImagePolicy(PolicyBase):
     spec = SPEC
     config_class = Config
     accepts_images = False
-    hub_default = HUB_IDS["qwen-image"]
+    default_path = HUB_IDS["qwen-image"]
 
     def __init__(self, components: dict, config: Config | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None):
@@ -101,17 +101,6 @@ class QwenImagePolicy(PolicyBase):
         self.pipe = getattr(diffusers, self.pipeline_class)(**components)
 
     # ---- construction -------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, path: str | None = None, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> QwenImagePolicy:
-        """Load every component with its ``from_pretrained(path, subfolder=...)`` (None → the family's hub id);
-        VAE kept float32. A directory written by ``save_pretrained`` also restores its adapters."""
-        path = path or cls.hub_default
-        config = config or cls._saved_config(path)
-        policy = cls(comp.load_components(path, cls.spec, dtype, device), config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
-
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu"):
         """Tiny offline Qwen-Image (diffusers ``tests/pipelines/qwenimage`` sizes, a byte-level BPE tokenizer with

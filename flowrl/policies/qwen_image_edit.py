@@ -35,20 +35,14 @@ from torch import Tensor
 from flowrl.policies import components as comp
 from flowrl.policies.flux import pack_latents
 from flowrl.policies.qwen_image import NEGATIVE, QwenImagePolicy
+from flowrl.policies.qwen_image import SPEC as QWEN_IMAGE_SPEC
 from flowrl.policies.qwen_image import Config as QwenImageConfig
 from flowrl.types import Cond
 
 HUB_IDS = {"qwen-image-edit": "Qwen/Qwen-Image-Edit", "qwen-image-edit-2509": "Qwen/Qwen-Image-Edit-2509",
            "qwen-image-edit-2511": "Qwen/Qwen-Image-Edit-2511"}
 
-SPEC: comp.Spec = {
-    "transformer": ("diffusers", "QwenImageTransformer2DModel"),
-    "vae": ("diffusers", "AutoencoderKLQwenImage"),
-    "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
-    "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
-    "tokenizer": comp.TOKENIZER,
-    "processor": ("transformers", "Qwen2VLProcessor"),
-}
+SPEC: comp.Spec = {**QWEN_IMAGE_SPEC, "processor": ("transformers", "Qwen2VLProcessor")}  # + the VL image input
 
 
 @dataclass
@@ -82,7 +76,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
     config_class = Config
     accepts_images = True
     requires_images = True
-    hub_default = HUB_IDS["qwen-image-edit"]
+    default_path = HUB_IDS["qwen-image-edit"]
 
     max_images: int | None = 1          # source images per prompt (Edit: exactly one; Edit-Plus: any)
 
@@ -177,7 +171,7 @@ class QwenImageEditPlusPolicy(QwenImageEditPolicy):
     pipeline_class = "QwenImageEditPlusPipeline"
     config_class = Config = PlusConfig   # ``Config``: what the run config's policy section builds (config.loader)
     max_images = None
-    hub_default = HUB_IDS["qwen-image-edit-2509"]
+    default_path = HUB_IDS["qwen-image-edit-2509"]
 
     def _vl_images(self, row: list[Tensor], refs: list[Tensor]) -> list[Tensor]:
         return [self._resize(img, self.config.condition_area) for img in row]

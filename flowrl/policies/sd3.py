@@ -52,6 +52,7 @@ class SD3Policy(PolicyBase):
     family = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
     spec = SPEC
+    default_path = HUB_IDS["sd3.5-medium"]
     config_class = Config
 
     def __init__(self, components: dict, config: Config | None = None, device: torch.device | str = "cpu",
@@ -62,17 +63,6 @@ class SD3Policy(PolicyBase):
         self.pipe = StableDiffusion3Pipeline(**components)
 
     # ---- construction -------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, path: str = HUB_IDS["sd3.5-medium"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> SD3Policy:
-        """Load every component with its ``from_pretrained(path, subfolder=...)``; VAE kept float32.
-        A directory written by ``save_pretrained`` also restores its adapters."""
-        config = config or cls._saved_config(path)
-        parts = comp.load_components(path, SPEC, dtype, device)
-        policy = cls(parts, config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
-
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> SD3Policy:
         """Tiny offline SD3 (diffusers test sizes, ``test_pipeline_stable_diffusion_3.py``), float32, random weights."""

@@ -63,6 +63,7 @@ class ZImagePolicy(PolicyBase):
     pipeline_class = "ZImagePipeline"
     shard_blocks = ("noise_refiner", "context_refiner", "layers")      # every ZImageTransformerBlock
     spec = SPEC
+    default_path = HUB_IDS["z-image"]
     config_class = Config
     tiny_spatial_multiple = 2          # tiny VAE factor 1 × patch 2
 
@@ -72,15 +73,6 @@ class ZImagePolicy(PolicyBase):
 
         self._setup(components, config or Config(), device, dtype)
         self.pipe = ZImagePipeline(**components)
-
-    @classmethod
-    def from_pretrained(cls, path: str = HUB_IDS["z-image"], dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> ZImagePolicy:
-        """Every component via its ``from_pretrained(path, subfolder=...)`` (VAE float32); saved adapters too."""
-        config = config or cls._saved_config(path)
-        policy = cls(comp.load_components(path, SPEC, dtype, device), config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
 
     @classmethod
     def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> ZImagePolicy:
