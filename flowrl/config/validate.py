@@ -80,8 +80,8 @@ def accelerator_fits_objective(cfg, source: Source | None) -> None:
     """Flow-Factory's validator rule with verl's rollout correction (docs/training.md "Throughput"): a lossy
     ``sampler.accelerate`` under a ratio-based objective needs an objective that applies the correction and
     ``sampler.correction`` set; the correction is refused where it would do nothing."""
-    from flowrl.objectives import get_objective
     from flowrl.accelerators import build
+    from flowrl.objectives import get_objective
 
     s, kind = cfg.sampler, cfg.objective.kind
     acc, spec = s.accelerate.kind, get_objective(kind, cfg.objective.config)

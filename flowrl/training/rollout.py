@@ -174,8 +174,8 @@ class RolloutStage:
     def correct(self, out, rows: int) -> dict:
         """Recompute the exact "old" log-probs of the stored transitions, keep the rollout's as
         ``traj.rollout_log_prob`` and store the correction weights; the drift metrics."""
-        from flowrl.objectives.rollout_correction import DRIFT_WARN, WARN_AFTER, correction_weights
         from flowrl.accelerators import exact_log_probs
+        from flowrl.objectives.rollout_correction import DRIFT_WARN, WARN_AFTER, correction_weights
 
         traj = out.result.traj
         exact = exact_log_probs(self.engine, out.cond, traj)
