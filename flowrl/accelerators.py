@@ -1,6 +1,7 @@
 """Rollout accelerators (``sampler.accelerate``): cheaper forwards for the training rollout, each declaring
 whether it is lossy (Flow-Factory ``acceleration/validator.py`` markers: a lossy rollout-stage accelerator
-changes π_rollout, so a ratio-based objective may train on it only with rollout correction; reference E.3).
+changes π_rollout, so a ratio-based objective may train on it only with rollout correction;
+Flow-Factory ``guidance/acceleration.md``).
 
     exact      the policy as it is (default; lossless)
     cache      velocity cache: the model runs on call 0, every, 2·every, … of each rollout and the calls

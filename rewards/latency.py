@@ -27,20 +27,28 @@ class Config:
 
 
 class DelayedReward:
-    """``inner`` reward after a sleep (module docstring)."""
+    """``inner`` reward after a sleep (module docstring); the inner reward is built on first use."""
 
+    name = "delayed"
     Config = Config
 
     def __init__(self, cfg: Config):
-        from rewards.build import build_reward
+        from rewards.build import resolve
 
-        self.cfg = cfg
-        self.inner = build_reward(cfg.reward, name=cfg.reward)
-        self.accepts, self.shapes_world = self.inner.accepts, self.inner.shapes_world
+        self.cfg, self._scorer = cfg, None
+        target = resolve(cfg.reward)                   # the class only: its weights load in setup
+        self.accepts = tuple(getattr(target, "accepts", ("image", "video")))
+        self.shapes_world = bool(getattr(target, "shapes_world", False))
 
     def setup(self, device, dtype) -> None:
-        self.inner.setup()
+        from rewards.build import build_reward
+
+        if self._scorer is None:
+            self._scorer = build_reward(self.cfg.reward, name=self.cfg.reward, device=device, dtype=dtype)
+        self._scorer.setup()
 
     def __call__(self, batch: RewardInput) -> dict:
+        if self._scorer is None:
+            self.setup(batch.pixels.device, batch.pixels.dtype)
         time.sleep(self.cfg.seconds + self.cfg.per_image * len(batch))
-        return self.inner(batch)
+        return self._scorer(batch)

@@ -1,5 +1,5 @@
 """Asynchronous rewards (``train.async_rewards``): each rollout chunk is scored in a worker thread while the next
-chunk samples (verl-omni's async reward and Flow-Factory's reward overlap: no staleness, reference E.2).
+chunk samples, with no staleness (verl-omni ``docs/algo/async_reward.md``; Flow-Factory's reward overlap).
 
     with AsyncScorer(rewards) as pending:                  # one iteration
         samples = rollout.run(it, on_chunk=pending.submit)  # chunk k scored while chunk k+1 samples
