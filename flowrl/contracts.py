@@ -15,6 +15,9 @@ objective's ``prepare_advantages`` / ``end_iteration``, filled in by ``get_objec
     Scout.resumable                   ``resume(rows)`` replays the recorded prefix of the kept candidates
     Scout.copies_transformer          the scout holds a copy of the whole transformer (refused under FSDP)
     LoadedReward.shapes_world         the reward's images are shapes-world scenes (palette detectors apply)
+    Objective.ratio_based             the loss takes a ratio against the rollout's stored log-probs (module:
+                                      RATIO_BASED); lossy rollouts need ``corrects_rollouts`` (ROLLOUT_CORRECTION)
+    RolloutAccelerator.lossy          the accelerated rollout is not the exact policy's (``sampler.accelerate``)
 
 ``tests/test_plugin_contracts.py`` checks every registered plugin against its Protocol and that the core
 (``flowrl/training``, ``flowrl/distributed``, ``flowrl/distill/trainer.py``) names or sniffs no plugin.
@@ -31,7 +34,7 @@ from flowrl.balancers.services import Services
 from rewards.base import LoadedReward, Reward
 
 __all__ = ["Balancer", "BALANCER_MODULE", "LoadedReward", "OBJECTIVE_MODULE", "OBJECTIVE_HOOKS", "Objective",
-           "Reward", "SampleSource", "Scout", "ScoutBase", "Services", "Strategy", "missing"]
+           "Reward", "RolloutAccelerator", "SampleSource", "Scout", "ScoutBase", "Services", "Strategy", "missing"]
 
 
 # ------------------------------------------------------------------------------------------------ objectives
@@ -57,6 +60,8 @@ class Objective(Protocol):
     name: str
     Config: type                          # with adv_clip_max, old_update (+ timesteps for forward-process losses)
     TRAINS_ON: SampleSource
+    ratio_based: bool                     # a ratio against the stored rollout log-probs (GRPO, DPPO, ...)
+    corrects_rollouts: bool               # applies rollout-correction weights (traj.is_weight) of a lossy rollout
 
     def loss(self, policy: Any, batch: Any, cfg: Any) -> Any:
         """``LossOut(loss, metrics)`` of one ``TrainBatch``."""
@@ -125,6 +130,21 @@ class ScoutBase:
 
     def refresh(self, policy: Any) -> float:
         return 0.0
+
+
+@runtime_checkable
+class RolloutAccelerator(Protocol):
+    """A cheaper training rollout (``sampler.accelerate``, registry ``flowrl.accelerators.ACCELERATORS``),
+    declaring whether it is lossy (its samples are not the exact policy's)."""
+
+    lossy: bool
+
+    def refresh(self, policy: Any) -> float:
+        """Bring a copy of the weights up to date before an iteration's rollout; the seconds it took."""
+
+    def sample(self, engine: Any, prompts: Any, generators: Any, plan: Any, *, decode: bool,
+               on_chunk: Callable | None = None) -> tuple[Any, int]:
+        """``(samplers.engine.Sampled, model calls per sample)`` of the rollout with ``engine``."""
 
 
 @runtime_checkable

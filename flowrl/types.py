@@ -93,6 +93,10 @@ class Trajectory:
     sigma:    (B, K) σ of each stored step;  sigma_next: (B, K) σ_next.
     step_idx: (K,) index of each stored step in the schedule.
     noise:    (B, K, ...) the ε drawn at each stored step (replay), or None.
+    rollout_log_prob: (B, K) log π_rollout of a lossy rollout accelerator (``log_prob`` then holds the exact
+              "old" policy's recomputed log-prob), or None for an exact rollout.
+    is_weight: (B, K) the rollout-correction weight W of each stored step (flowrl/objectives/rollout_correction.py),
+              or None (no correction: weight 1).
     """
 
     x: Tensor
@@ -104,6 +108,8 @@ class Trajectory:
     sigma_next: Tensor
     step_idx: Tensor
     noise: Tensor | None = None
+    rollout_log_prob: Tensor | None = None
+    is_weight: Tensor | None = None
 
     def select(self, idx: Tensor) -> Trajectory:
         """Rows ``idx`` (sample axis) of every per-sample tensor."""

@@ -23,6 +23,7 @@ REWARDS = Registry(
         "video_frame_mean": "rewards.video:VideoFrameMean",
         "temporal_consistency": "rewards.video:TemporalConsistency",
         "remote": "rewards.remote:RemoteReward",
+        "delayed": "rewards.latency:DelayedReward",
         "shapes": "rewards.shapes:ShapesVerifier",
         "shapes_count": "rewards.shapes:CountReward",
         "shapes_color": "rewards.shapes:ColorReward",

@@ -34,6 +34,9 @@ CURRENT = "<current weights>"
 Wrap = Callable[[slice, Callable], Callable]
 """``wrap(chunk rows, velocity_fn) -> velocity_fn``: lets a caller intercept one chunk's model calls."""
 
+OnChunk = Callable[[slice, Tensor], None]
+"""``on_chunk(chunk rows, pixels)``: called with each chunk's decoded pixels as soon as they exist."""
+
 
 @dataclass(frozen=True)
 class SampleSpec:
@@ -124,16 +127,18 @@ class SamplingEngine:
 
     def sample(self, prompts: Sequence[str], generators: Sequence[torch.Generator], plan=None, *,
                wrap: Wrap | None = None, decode: bool = False, store: bool | None = None,
-               images: Sequence | None = None) -> Sampled:
+               images: Sequence | None = None, on_chunk: OnChunk | None = None) -> Sampled:
         """Sample one row per (prompt, generator) with the step plan ``plan`` (None: all ODE steps); ``store``
-        overrides ``spec.store``; ``wrap`` may intercept each chunk's model calls (candidate pools); ``images``
-        are the rows' reference images (``encode``)."""
+        overrides ``spec.store``; ``wrap`` may intercept each chunk's model calls (candidate pools, rollout
+        accelerators); ``images`` are the rows' reference images (``encode``); with ``decode``, each chunk is
+        decoded as soon as it is sampled and handed to ``on_chunk(rows, pixels)`` (rewards scored while the next
+        chunk samples)."""
         from samplers.restart import restart_sample
         from samplers.rollout import rollout
 
         s, store = self.spec, self.spec.store if store is None else store
         images = check_images(self.policy, images, len(prompts))
-        conds, results = [], []
+        conds, results, pixels = [], [], []
         with self.weights():
             for sl in self.chunks(len(prompts)):
                 cond = self._encode(list(prompts[sl]), _rows(images, sl))
@@ -146,8 +151,12 @@ class SamplingEngine:
                                   reduce=s.reduce, store=store)
                 conds.append(cond)
                 results.append(res)
+                if decode:                                 # the same chunks as ``decode``: the same pixels
+                    pixels.append(self.policy.decode(res.latents).float())
+                    if on_chunk is not None:
+                        on_chunk(sl, pixels[-1])
         result = concat_results(results)
-        return Sampled(cat_conds(conds), result, self.decode(result.latents) if decode else None)
+        return Sampled(cat_conds(conds), result, torch.cat(pixels) if decode else None)
 
     def grow(self, prompts: Sequence[str], generators: Sequence[torch.Generator], plan, branch, noise=None,
              images: Sequence | None = None):

@@ -205,6 +205,22 @@ def test_every_scout_meets_the_scout_protocol(name):
     assert scout.resumable or scout.resume([0]) is None
 
 
+def accelerator_names():
+    from flowrl.accelerators import ACCELERATORS
+
+    return sorted(ACCELERATORS.names())
+
+
+@pytest.mark.parametrize("name", accelerator_names())
+def test_every_rollout_accelerator_meets_its_protocol(name):
+    from flowrl.accelerators import ACCELERATORS
+    from flowrl.contracts import RolloutAccelerator
+
+    acc = ACCELERATORS.get(name)()
+    assert isinstance(acc, RolloutAccelerator) and isinstance(acc.lossy, bool)
+    assert acc.lossy == (name != "exact")
+
+
 def test_rollout_strategies_meet_the_strategy_protocol():
     from flowrl.contracts import Strategy
     from flowrl.pools.stage import PoolStage

@@ -75,6 +75,7 @@ class PolicyLoad:
     path: str | None = None           # hub id or local dir; None → the family's default (toy: the shipped checkpoint)
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"   # transformer / text encoders; VAE stays fp32
     tiny: bool = False                # build the family's tiny random preset (tests, dry runs; no download)
+    compile: bool = False             # torch.compile the transformer(s) for rollouts and training (lossy ~1e-5)
 
 
 @dataclass
@@ -119,6 +120,12 @@ class SamplerSection:
     # None: no pool; {candidates: N, scout: {kind: x0_exit}, ...}: scout N seeds per prompt, regenerate the
     # train.group_size kept ones (docs/training.md "Candidate pools")
     restart: Any = field(default=None, metadata={"build": optional_section("samplers.restart:Config")})
+    accelerate: Any = plugin_field("flowrl.accelerators:ACCELERATORS", "exact")
+    # the training rollout's forwards: exact, cache {every}, fp4 {fmt}, precision {dtype} (lossy ones need
+    # sampler.correction under a ratio-based objective; docs/training.md "Throughput")
+    correction: Any = field(default=None, metadata={
+        "build": optional_section("flowrl.objectives.rollout_correction:RolloutCorrection")})
+    # None: off; {is_level: sequence, is_threshold: 2.0, rs: null}: TIS / RS weights of a lossy rollout
     # None: plain ODE; {intervals: [{t_min, t_max, n_steps, K}]}: Restart sampling for deterministic-kernel
     # rollouts (forward-process objectives): forward noise jumps + ODE passes (samplers/restart.py)
 
@@ -196,6 +203,8 @@ class TrainSection:
     ema_decay: float | None = 0.9     # eval EMA of the trainable weights (None: off); warm-up min((1+s)/(10+s), d)
     ema_every: int = 8                # optimizer steps between EMA updates (Flow-GRPO 8; NFT 1)
     max_skipped: int = 10             # stop after this many consecutive skipped updates (non-finite values)
+    async_rewards: bool = False       # score each rollout chunk in a worker thread while the next one samples
+                                      # (same rewards and training as the synchronous run)
 
     def __post_init__(self):
         for name in ("iterations", "prompts_per_iter", "micro_batch", "inner_epochs", "updates_per_epoch",

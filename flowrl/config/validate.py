@@ -56,6 +56,7 @@ def check_range(key: str, value: Any, *, gt: float | None = None, ge: float | No
 def validate_run(cfg, source: Source | None = None) -> None:
     """Cross-section checks through the registries (module docstring); raises ConfigError naming the key."""
     objective_fits_kernel(cfg, source)
+    accelerator_fits_objective(cfg, source)
     held_out_rewards_exist(cfg, source)
     balancer_statistics_valid(cfg, source)
 
@@ -73,6 +74,34 @@ def objective_fits_kernel(cfg, source: Source | None) -> None:
         spec.TRAINS_ON.check_kernel(cfg.objective.kind, KERNELS.get(cfg.sampler.kernel.kind))
     except ValueError as e:
         raise config_error(str(e), "sampler.kernel.kind", source) from None
+
+
+def accelerator_fits_objective(cfg, source: Source | None) -> None:
+    """Flow-Factory's validator rule with verl's rollout correction (docs/training.md "Throughput"): a lossy
+    ``sampler.accelerate`` under a ratio-based objective needs an objective that applies the correction and
+    ``sampler.correction`` set; the correction is refused where it would do nothing."""
+    from flowrl.accelerators import build
+    from flowrl.objectives import get_objective
+
+    s, kind = cfg.sampler, cfg.objective.kind
+    acc, spec = s.accelerate.kind, get_objective(kind, cfg.objective.config)
+    lossy = build(s.accelerate).lossy
+    if lossy and (s.tree is not None or s.pool is not None):
+        raise config_error(f"the {acc} rollout accelerator applies to flat rollouts; drop sampler.tree / "
+                           "sampler.pool or set sampler.accelerate.kind=exact", "sampler.accelerate", source)
+    if lossy and spec.ratio_based and not spec.corrects_rollouts:
+        raise config_error(f"objective {kind!r} takes a ratio against the rollout's log-probs and applies no "
+                           f"rollout correction: the lossy {acc} rollout accelerator would make it off-policy; "
+                           "set sampler.accelerate.kind=exact", "sampler.accelerate", source)
+    if lossy and spec.ratio_based and s.correction is None:
+        raise config_error(f"objective {kind!r} is ratio-based and the {acc} rollout accelerator is lossy: set "
+                           "sampler.correction (e.g. {is_threshold: 2.0}) or sampler.accelerate.kind=exact",
+                           "sampler.accelerate", source)
+    if s.correction is not None and not (lossy and spec.ratio_based):
+        why = (f"objective {kind!r} takes no ratio against the rollout's log-probs" if lossy else
+               f"sampler.accelerate.kind={acc} is lossless")
+        raise config_error(f"sampler.correction corrects a lossy rollout under a ratio-based objective, but {why}; "
+                           "set sampler.correction=null", "sampler.correction", source)
 
 
 def resolution_fits_policy(cfg, source: Source | None = None) -> None:

@@ -14,6 +14,10 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
 - optionally ``end_iteration(policy, cfg, state, step, metrics=None)`` (called once per iteration after the
   optimizer steps and before the old-adapter update, with the iteration's update metrics; ``state`` is a dict
   the objective owns and the checkpoint stores);
+- optionally ``RATIO_BASED`` / ``ROLLOUT_CORRECTION`` (capability flags, default False): the loss takes a
+  ratio against the rollout's stored log-probs, and it applies the rollout-correction weights of a lossy
+  rollout (``rollout_correction``); a wrapper gives them as ``rollout_flags(cfg)``. A ratio-based objective
+  on a lossy rollout accelerator is refused unless it applies the correction and ``sampler.correction`` is set;
 - optionally ``trains_on(cfg)``: the source as a function of the objective's Config, for objectives whose source
   depends on their settings (a wrapper such as ``normguard`` trains on whatever its ``inner`` objective trains
   on); ``get_objective(name, cfg)`` uses it, ``get_objective(name)`` falls back to the module's ``TRAINS_ON``.
@@ -67,6 +71,8 @@ class ObjectiveSpec:
     TRAINS_ON: Any                       # sources.TrajectoryRows | sources.ForwardProcess (or any with .batches)
     prepare_advantages: Callable[..., Any]
     end_iteration: Callable[..., Any]
+    ratio_based: bool = False            # the loss takes a ratio against the rollout's stored log-probs
+    corrects_rollouts: bool = False      # ...and applies the rollout-correction weights of a lossy rollout
 
     def old_decay(self, cfg: Any, step: int) -> float:
         """η of the sampling adapter at optimizer step ``step``: old ← η·old + (1 − η)·train (``cfg.old_update``)."""
@@ -105,7 +111,10 @@ def get_objective(name: str, cfg: Any = None) -> ObjectiveSpec:
     end = getattr(mod, "end_iteration", _nothing)
     trains_on = getattr(mod, "trains_on", None)
     source = trains_on(cfg) if cfg is not None and trains_on is not None else mod.TRAINS_ON
-    return ObjectiveSpec(name, fn, mod.Config, source, prep, end)
+    flags = getattr(mod, "rollout_flags", None)
+    ratio, corrects = (flags(cfg) if cfg is not None and flags is not None else
+                       (bool(getattr(mod, "RATIO_BASED", False)), bool(getattr(mod, "ROLLOUT_CORRECTION", False))))
+    return ObjectiveSpec(name, fn, mod.Config, source, prep, end, ratio, corrects)
 
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "TrainBatch", "get_objective"]

@@ -49,6 +49,7 @@ from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.types import LossOut
 
 TRAINS_ON = TRAJECTORY_ROWS
+RATIO_BASED = True          # a ratio against the stored log-probs; no rollout correction: refused on lossy rollouts
 REF = "ref"
 GATE = "gardo_gate"
 

@@ -15,7 +15,10 @@ drops the division (FlowCPS). β = 0.04 (Flow-GRPO SD3 GenEval/OCR; PickScore 0.
 DanceGRPO has no KL). ``batch.steps`` chooses per-step (one index per call, Flow-GRPO's loop) or window
 training (several indices averaged in one call: MixGRPO). The kernel, its Config and the log-prob reduction
 are the rollout's (``batch.kernel``, ``batch.kernel_cfg``, ``batch.reduce``; owned by ``sampler:``), never set
-here, so rollout and training log-probs always come from one function. GRPO trains on the stored trajectory
+here, so rollout and training log-probs always come from one function. Behind a lossy rollout accelerator
+with ``sampler.correction`` the stored log π_old is the exact "old" policy's, recomputed, and each step's
+per-sample loss is multiplied by the detached rollout-correction weight W_ij (TIS / RS, verl decoupled mode,
+``flowrl/objectives/rollout_correction.py``). GRPO trains on the stored trajectory
 (``TRAINS_ON``) and samples with the current weights (``old_update = on_policy``: old ← train every update).
 """
 from __future__ import annotations
@@ -35,6 +38,8 @@ from flowrl.registry import import_string
 from flowrl.types import LossOut
 
 TRAINS_ON = TRAJECTORY_ROWS
+RATIO_BASED = True          # the ratio is taken against the rollout's stored log-probs (π_old)
+ROLLOUT_CORRECTION = True   # applies the stored rollout-correction weights (traj.is_weight) of a lossy rollout
 KL_FORMS = ("flow_grpo", "gaussian", "unscaled")
 
 
@@ -175,6 +180,8 @@ def _step_terms(policy, batch: TrainBatch, j: int, how: StoredSteps, cfg: Config
     """Per-sample policy / ratio / KL terms of stored step j (module docstring)."""
     sc = score_step(policy, batch, j, how)
     terms = policy_terms(sc, adv, cfg.clip_range)
+    if batch.traj.is_weight is not None:         # decoupled rollout correction: ℓ_i ← W_ij·ℓ_i (detached W)
+        terms["policy"] = terms["policy"] * batch.traj.is_weight[:, j].to(terms["policy"].device)
     if cfg.beta_kl > 0:
         mean_ref = reference_mean(policy, batch, sc, how)
         terms["kl"] = mean_kl(sc.out.mean, mean_ref, sc.out.std, sc.sigma_next - sc.sigma, cfg.kl_form)

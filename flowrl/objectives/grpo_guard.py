@@ -38,6 +38,7 @@ from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.types import LossOut
 
 TRAINS_ON = TRAJECTORY_ROWS
+RATIO_BASED = True          # a ratio against the stored log-probs; no rollout correction: refused on lossy rollouts
 UNNORMALISED_KERNELS = ("cps",)     # log π without the Gaussian normaliser: the bias b does not cancel there
 
 

@@ -76,6 +76,12 @@ class DeferredInnerSource:
 TRAINS_ON = DeferredInnerSource()
 
 
+def rollout_flags(cfg: Any) -> tuple[bool, bool]:
+    """(ratio-based, applies rollout correction) of the wrapped objective: the wrapper calls its loss."""
+    spec = inner_spec(cfg)
+    return spec.ratio_based, spec.corrects_rollouts
+
+
 def trains_on(cfg: Any) -> InnerSource:
     return InnerSource(inner_spec(cfg).TRAINS_ON)
 

@@ -37,6 +37,7 @@ from flowrl.objectives.inner import (  # noqa: F401  (the loop reads these names
     inner_field,
     inner_spec,
     prepare_advantages,
+    rollout_flags,
     trains_on,
 )
 from flowrl.types import LossOut

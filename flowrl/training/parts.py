@@ -67,6 +67,8 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
 
         check_shardable(cfg)                 # before the policy loads
     policy = policy if policy is not None else build_policy(cfg, dist.device)
+    if cfg.policy.common.compile:
+        compile_policy(policy, objective, dist)
     sharding = shard(cfg, dist, policy)
     params = list(policy.trainable_parameters())
     t = cfg.train
@@ -80,6 +82,19 @@ def build_parts(cfg: RunConfig, dist, policy=None) -> Parts:
         train_prompts=load_prompts(cfg.data.train, cfg.run.seed),
         eval_prompts=load_prompts(cfg.data.eval, cfg.run.seed), sharding=sharding,
     )
+
+
+def compile_policy(policy, objective, dist) -> None:
+    """``policy.compile``: ``torch.compile`` every transformer that holds a weight set, in place
+    (``nn.Module.compile``), so rollouts and training forwards both run compiled. Compiled forwards are
+    numerically on-policy, not bit-exact (Flow-Factory ``guidance/acceleration.md``: ~1e-5, inside GRPO's
+    clip): a lossy accelerator of both stages, allowed under a ratio-based objective with a warning."""
+    for module in policy.weights.modules():
+        module.compile()
+    if objective.ratio_based:
+        dist.print(f"[flowrl] policy.compile: compiled forwards differ from eager by ~1e-5 (tests/training/"
+                   f"test_throughput.py); objective {objective.name!r} takes ratios against rollout log-probs "
+                   "computed by the same compiled forward (no-grad graph), so its ratios carry that drift")
 
 
 def shard(cfg: RunConfig, dist, policy):

@@ -9,6 +9,13 @@ replace the flat rollout: with ``sampler.tree`` set, ``flowrl.training.trees`` g
 prompt (the leaves are the samples, the trained edges the rows); with ``sampler.pool`` set,
 ``flowrl.pools.stage`` scouts N candidate seeds per prompt and regenerates the K kept ones.
 
+``sampler.accelerate`` (``flowrl.accelerators``) may run the flat rollout's forwards cheaper; with
+``sampler.correction`` (a lossy accelerator under a ratio-based objective) the stage then recomputes the exact
+"old" log-probs of the stored transitions (one exact forward per stored step: ``rollout/correction_forwards``)
+and stores them with the rollout's own and the correction weights W (``rollout_corr/*`` drift metrics of this
+process; a warning when the rejected fraction stays above the anchor's 5 %). ``run(it, on_chunk)`` hands each
+decoded chunk to ``on_chunk(pixels, prompts, group_ids, meta)`` as soon as it exists (``train.async_rewards``).
+
 ``Samples.metrics`` carries the stage's per-iteration figures for the loop to log: ``rollout/forwards``
 (velocity evaluations spent sampling, all processes), ``train/rows`` and, for stored trajectories,
 ``train/forwards`` = rows × stored steps (one pass).
@@ -108,6 +115,9 @@ class RolloutStage:
         if s.restart is not None and (kernel.stochastic or tree is not None or pool is not None):
             raise ValueError("sampler.restart replaces a deterministic (ODE) rollout: it needs sampler.kernel.kind "
                              "ode and no sampler.tree / sampler.pool (Restart's jumps have no policy log-prob)")
+        from flowrl.accelerators import build
+
+        self.accelerator, self.correction, self.drifting = build(s.accelerate), s.correction, 0
         self.strategy = None
         if tree is not None:
             from flowrl.training.trees import TreeStage
@@ -131,11 +141,14 @@ class RolloutStage:
         rng = random.Random(derived_seed(self.seed, iteration, "window"))
         return self.window.plan(iteration, self.steps, rng)
 
-    def run(self, iteration: int) -> Samples:
+    def run(self, iteration: int, on_chunk=None) -> Samples:
         from flowrl.data.images import source_images
         from samplers.rng import sample_generator
 
         if self.strategy is not None:
+            if on_chunk is not None:
+                raise ValueError("train.async_rewards scores the chunks of a flat rollout; sampler.tree / "
+                                 "sampler.pool score their own samples: set train.async_rewards=false")
             return self.strategy.run(iteration)
         lay = self.layout
         items = lay.prompts.batch(iteration, lay.P)
@@ -144,9 +157,36 @@ class RolloutStage:
         meta = [dict(items[r // lay.G][1]) for r in rows]
         group_ids = torch.tensor([r // lay.G for r in rows], dtype=torch.long)
         gens = [sample_generator(self.seed, iteration, r // lay.G, r % lay.G) for r in rows]
+        refresh_s = self.accelerator.refresh(self.engine.policy)
+        metrics = {"rollout/accelerator_refresh_s": refresh_s} if refresh_s else {}
+        hook = None if on_chunk is None else (
+            lambda sl, px: on_chunk(px, prompts[sl], group_ids[sl], meta[sl]))
         with torch.no_grad(), self.dist.autocast():
-            out = self.engine.sample(prompts, gens, self.plan(iteration), decode=True, images=source_images(meta))
-        nfe = int(out.result.nfe) * lay.P * lay.G
+            out, calls = self.accelerator.sample(self.engine, prompts, gens, self.plan(iteration), decode=True,
+                                                 images=source_images(meta), on_chunk=hook)
+            if self.correction is not None and out.result.traj is not None:
+                metrics.update(self.correct(out, lay.P * lay.G))
+        nfe = calls * lay.P * lay.G + metrics.get("rollout/correction_forwards", 0)
+        metrics["rollout/forwards"] = nfe
         return Samples(prompts, meta, group_ids, out.cond, out.result, out.pixels,
-                       record(self.engine.spec, out.cond, out.result), nfe, {"rollout/forwards": nfe},
+                       record(self.engine.spec, out.cond, out.result), nfe, metrics,
                        row_offset=rows[0] if rows else 0)
+
+    def correct(self, out, rows: int) -> dict:
+        """Recompute the exact "old" log-probs of the stored transitions, keep the rollout's as
+        ``traj.rollout_log_prob`` and store the correction weights; the drift metrics."""
+        from flowrl.accelerators import exact_log_probs
+        from flowrl.objectives.rollout_correction import DRIFT_WARN, WARN_AFTER, correction_weights
+
+        traj = out.result.traj
+        exact = exact_log_probs(self.engine, out.cond, traj)
+        traj.is_weight, metrics = correction_weights(exact, traj.log_prob, self.correction)
+        traj.rollout_log_prob, traj.log_prob = traj.log_prob, exact
+        masked = metrics["rollout_corr/rs_seq_masked_fraction"]
+        self.drifting = self.drifting + 1 if masked > DRIFT_WARN else 0
+        if self.drifting >= WARN_AFTER:
+            self.dist.print(f"[flowrl] rollout correction rejected {masked:.1%} of the samples for {self.drifting} "
+                            f"iterations (above {DRIFT_WARN:.0%}): the rollout accelerator drifts; widen "
+                            "sampler.correction.rs_threshold or use a less lossy accelerator")
+        metrics["rollout/correction_forwards"] = traj.x.shape[1] * rows
+        return metrics

@@ -24,13 +24,22 @@ class Scores:
     metrics: dict
 
 
-def score_samples(rewards, dist, samples) -> Scores:
-    """Score ``samples.pixels`` with the reward set; gather the (n, K) scores into (N, K)."""
+def reward_input(pixels, prompts, group_ids, meta) -> RewardInput:
+    """What the reward set scores: the pixels as float32 in [0, 1] with their prompts, groups, metadata and the
+    prompts' source images (image-conditioned prompts; None otherwise)."""
     from flowrl.data.images import source_images
 
-    batch = RewardInput(samples.pixels.float().clamp(0, 1), samples.prompts, samples.group_ids, samples.meta,
-                        source_images(samples.meta))
-    out = rewards(batch)
+    return RewardInput(pixels.float().clamp(0, 1), prompts, group_ids, meta, source_images(meta))
+
+
+def score_samples(rewards, dist, samples) -> Scores:
+    """Score ``samples.pixels`` with the reward set; gather the (n, K) scores into (N, K)."""
+    batch = reward_input(samples.pixels, samples.prompts, samples.group_ids, samples.meta)
+    return summarize(rewards(batch), batch, rewards.shapes_world, dist)
+
+
+def summarize(out, batch: RewardInput, shapes_world: bool, dist) -> Scores:
+    """The reward set's output ``out`` (``RewardScores`` of this process's ``batch``) → gathered R and metrics."""
     R = dist.gather(out.scores.float())
     metrics = {}
     for k, name in enumerate(out.names):
@@ -42,7 +51,7 @@ def score_samples(rewards, dist, samples) -> Scores:
     total = dist.gather(out.total.float())
     ok = total[torch.isfinite(total)]
     metrics["reward/total/mean"] = ok.mean().item() if ok.numel() else float("nan")
-    metrics.update(image_detectors(batch, rewards.shapes_world))
+    metrics.update(image_detectors(batch, shapes_world))
     return Scores(R, list(out.names), metrics)
 
 

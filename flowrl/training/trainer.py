@@ -4,6 +4,7 @@ DiffusionNFT ``train_nft_sd3.py``).
     for it in range(start, cfg.train.iterations):
         samples = rollout.run(it)                    # this process's slice of P·G samples, "old" adapter
         scores  = score_samples(rewards, samples)    # R (N, K) gathered over processes; NaN = not applicable
+                                                     # (train.async_rewards: chunk k scored while k+1 samples)
         A       = advantages.run(R, services)        # balancer (asks the loop for services) → objective mapping
         stats   = updater.run(samples, A, ...)       # K epochs × U optimizer steps through the objective's source
         "old" ← η·old + (1 − η)·train                # η from the objective's old_update schedule
@@ -74,6 +75,9 @@ class Trainer:
                                    cfg.run_dir, cfg.run.name, self.rollout.guidance)
         self.run_state = RunState(p.policy, p.optimizer, p.ema, p.balancer_state, p.objective_state, p.window,
                                   self.state, p.sharding)
+        if t.async_rewards and self.rollout.strategy is not None:
+            raise ConfigError("train.async_rewards scores the chunks of a flat rollout; sampler.tree / sampler.pool "
+                              "score their own samples: set train.async_rewards=false")
         if cfg.checkpoint.async_save and p.sharding is None:
             raise ConfigError("checkpoint.async_save: asynchronous saves write the shards of a sharded run; set "
                               "dist.fsdp=true on several processes, or checkpoint.async_save=false")
@@ -148,9 +152,9 @@ class Trainer:
     def iteration(self, it: int) -> dict:
         """One rollout → reward → advantage → update → old-weights step; returns its metrics."""
         p = self.parts
-        samples = self.rollout.run(it)
+        samples, scores, times = self.sample_and_score(it)
         self.state.rollout_nfe += samples.rollout_nfe
-        scores = score_samples(p.rewards, self.dist, samples)
+        t0 = time.perf_counter()
         context = self.advantage_context(scores, samples)
         adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it,
                                                context=context)
@@ -165,7 +169,26 @@ class Trainer:
         self.record_steps(stats)
         p.objective.end_iteration(self.policy, p.objective_cfg, p.objective_state, self.state.global_step, metrics)
         self.policy.soft_update_adapter(p.objective.old_decay(p.objective_cfg, self.state.global_step), "train", "old")
-        return metrics
+        return {**metrics, **times, "time/update_s": time.perf_counter() - t0}
+
+    def sample_and_score(self, it: int):
+        """The rollout and its rewards: scored after the rollout, or (``train.async_rewards``) chunk by chunk in
+        a worker thread while the next chunk samples (flowrl/training/async_scoring.py: the same R bit for bit).
+        Also the stage times: ``time/rollout_s`` (with any overlapped scoring) and ``time/reward_s`` (the wait
+        for the rewards after it)."""
+        t0 = time.perf_counter()
+        if not self.cfg.train.async_rewards:
+            samples = self.rollout.run(it)
+            t1 = time.perf_counter()
+            scores = score_samples(self.parts.rewards, self.dist, samples)
+        else:
+            from flowrl.training.async_scoring import AsyncScorer
+
+            with AsyncScorer(self.parts.rewards) as pending:
+                samples = self.rollout.run(it, on_chunk=pending.submit)
+                t1 = time.perf_counter()
+                scores = pending.scores(samples, self.dist)
+        return samples, scores, {"time/rollout_s": t1 - t0, "time/reward_s": time.perf_counter() - t1}
 
     # --------------------------------------------------------------------------------------- the pieces
     def advantage_context(self, scores, samples) -> AdvantageContext:
