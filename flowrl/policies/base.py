@@ -245,10 +245,16 @@ class PolicyBase:
         return self.weights.module()
 
     # ---- construction helpers shared by the diffusers families ---------------------------------------
-    def _setup(self, components: dict, config, device, dtype) -> None:
-        """Place components, wrap the transformer's weights (LoRA / full-FT), keep VAE and scheduler config."""
+    transformer_components: tuple[str, ...] = ("transformer",)   # components cast to the compute dtype
+
+    def _make_weights(self, components: dict, config):
+        """The weight sets ``velocity`` switches between (one transformer: ``TransformerWeights``)."""
         from flowrl.policies.weights import TransformerWeights
 
+        return TransformerWeights(components["transformer"], config.lora, config.keep_base)
+
+    def _setup(self, components: dict, config, device, dtype) -> None:
+        """Place components, wrap the transformer's weights (LoRA / full-FT), keep VAE and scheduler config."""
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype or components["transformer"].dtype
@@ -256,11 +262,12 @@ class PolicyBase:
         for c in components.values():
             if isinstance(c, nn.Module):
                 c.to(self.device).eval().requires_grad_(False)
-        if components["transformer"].dtype != self.dtype:
-            components["transformer"].to(self.dtype)
+        for name in self.transformer_components:
+            if components[name].dtype != self.dtype:
+                components[name].to(self.dtype)
         self.vae = components["vae"]
         self.scheduler_config = dict(components["scheduler"].config)
-        self.weights = TransformerWeights(components["transformer"], config.lora, config.keep_base)
+        self.weights = self._make_weights(components, config)
         if config.gradient_checkpointing:
             self.enable_gradient_checkpointing()
 

@@ -150,6 +150,35 @@ def wan_components(seed: int = 0) -> dict:
             "text_encoder": text_encoder, "tokenizer": t5_tokenizer()}
 
 
+def wan22_components(seed: int = 0, variant: str = "t2v-a14b") -> tuple[dict, dict]:
+    """Wan2.2 pipeline components and pipeline flags (``boundary_ratio``, ``expand_timesteps``) for ``variant``:
+    "t2v-a14b" (two experts, boundary 0.875), "i2v-a14b" (36 input channels, boundary 0.9), "ti2v-5b" (one
+    transformer, a 48-channel VAE with patch 2 and ×16 space, latent stats of its own). Sizes: ``wan_components``."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    if variant not in ("t2v-a14b", "i2v-a14b", "ti2v-5b"):
+        raise ValueError(f"Wan2.2 tiny variant {variant!r}: choose t2v-a14b, i2v-a14b or ti2v-5b")
+    parts = wan_components(seed)
+    z = 48 if variant == "ti2v-5b" else 16
+    in_ch = {"t2v-a14b": 16, "i2v-a14b": 36, "ti2v-5b": 48}[variant]
+    kw = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": in_ch,
+          "out_channels": z, "text_dim": 32, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2, "cross_attn_norm": True,
+          "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
+    torch.manual_seed(seed)
+    parts["transformer"] = WanTransformer3DModel(**kw)
+    if variant == "ti2v-5b":
+        torch.manual_seed(seed)
+        parts["vae"] = AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True,
+                                        patch_size=2, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                        temperal_downsample=[False, True, True], scale_factor_spatial=16,
+                                        latents_mean=[0.02 * i - 0.5 for i in range(48)],
+                                        latents_std=[0.5 + 0.03 * i for i in range(48)])
+        return parts, {"boundary_ratio": None, "expand_timesteps": True}
+    torch.manual_seed(seed + 1)
+    parts["transformer_2"] = WanTransformer3DModel(**kw)
+    return parts, {"boundary_ratio": 0.875 if variant == "t2v-a14b" else 0.9, "expand_timesteps": False}
+
+
 def save_preset(family: str, directory, seed: int = 0):
     """Write the tiny preset of ``family`` ("sd3" | "flux" | "wan") in the diffusers pipeline layout; load it back
     with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)`` or ``XPipeline.from_pretrained``."""
