@@ -12,6 +12,7 @@ POLICIES = Registry("policy", {
     "wan22": "flowrl.policies.wan22:Wan22Policy",
     "wan22_i2v": "flowrl.policies.wan22:Wan22I2VPolicy",
     "wan22_ti2v": "flowrl.policies.wan22:Wan22TI2VPolicy",
+    "hunyuan15": "flowrl.policies.hunyuan15:HunyuanVideo15Policy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 

@@ -38,7 +38,7 @@ def load_components(path: str, spec: Spec, dtype: torch.dtype, device: torch.dev
         if name in skip:
             continue
         cls = _class(library, cls_name)
-        if name.startswith("tokenizer") or name == "scheduler":
+        if name.startswith("tokenizer") or name in ("scheduler", "guider"):      # configs, not weights
             out[name] = cls.from_pretrained(path, subfolder=name)
         else:
             want = torch.float32 if name in fp32 else dtype

@@ -92,7 +92,9 @@ def save_diffusers_lora(policy, out_dir: str | Path, adapter: str = TRAIN) -> Pa
 
     Two experts (Wan2.2-A14B): one file per trained expert, ``out_dir/<component>/pytorch_lora_weights.safetensors``
     (the layout of published Wan2.2 high-/low-noise LoRAs), loaded by ``pipe.load_lora_weights(out/"transformer")``
-    and ``pipe.load_lora_weights(out/"transformer_2", load_into_transformer_2=True)``; returns the first file."""
+    and ``pipe.load_lora_weights(out/"transformer_2", load_into_transformer_2=True)``; returns the first file.
+    Pipelines without ``save_lora_weights`` (HunyuanVideo-1.5) get the same file through diffusers' LoRA writer,
+    read by ``pipe.transformer.load_lora_adapter(out, weight_name=file.name, prefix="transformer")``."""
     from diffusers.loaders.lora_base import LORA_WEIGHT_NAME_SAFE
 
     modules = trained_transformers(policy)
@@ -101,8 +103,13 @@ def save_diffusers_lora(policy, out_dir: str | Path, adapter: str = TRAIN) -> Pa
         state = diffusers_lora_state_dict(policy, adapter, component)
         metadata = module.peft_config[peft_name(adapter)].to_dict()
         out = Path(out_dir) if len(modules) == 1 and component == "transformer" else Path(out_dir) / component
-        type(policy.pipe).save_lora_weights(out, transformer_lora_layers=state,
-                                            transformer_lora_adapter_metadata=metadata)
+        pipe_cls = type(policy.pipe)
+        if hasattr(pipe_cls, "save_lora_weights"):
+            pipe_cls.save_lora_weights(out, transformer_lora_layers=state, transformer_lora_adapter_metadata=metadata)
+        else:   # no LoRA loader mixin (HunyuanVideo15Pipeline): the same file, for transformer.load_lora_adapter
+            from diffusers.loaders.lora_base import LoraBaseMixin
+
+            LoraBaseMixin._save_lora_weights(out, {"transformer": state}, {"transformer": metadata})
         files.append(out / LORA_WEIGHT_NAME_SAFE)
     return files[0]
 
