@@ -45,6 +45,7 @@ EXPERTS = ("transformer", "transformer_2")
 class Config(WanConfig):
     guidance_2: float | None = None          # low-noise expert's CFG scale; None → the high-noise expert's w
     train_experts: tuple[str, ...] = ("transformer",)   # Flow-Factory trains the high-noise expert only
+    flow_shift: float | None = None          # static σ shift; None → the checkpoint scheduler's (Flow-Factory: 3.0)
 
 
 class Wan22Policy(WanPolicy):
@@ -64,6 +65,8 @@ class Wan22Policy(WanPolicy):
         self.experts = tuple(e for e in EXPERTS if e in parts)
         self.transformer_components = self.experts
         self._setup(parts, config or Config(), device, dtype)
+        if self.config.flow_shift is not None:          # the grid only: the pipeline keeps its own scheduler
+            self.scheduler_config["shift"] = float(self.config.flow_shift)
         flags = {"boundary_ratio": boundary_ratio, "expand_timesteps": expand_timesteps}
         self.pipe = getattr(diffusers, self.pipeline_class)(**parts, **flags)
         self.boundary = None if boundary_ratio is None else boundary_ratio * self.scheduler_config.get(
