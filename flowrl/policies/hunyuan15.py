@@ -45,6 +45,7 @@ EMBEDS = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_sta
 @dataclass
 class Config:
     guidance: float | None = None           # None → the checkpoint guider's guidance_scale
+    max_sequence_length: int = 1000         # Qwen tokens after the 108 cropped template tokens (pipeline's 1000)
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=32, alpha=64, target_modules=FLUX_TARGETS))
     keep_base: bool = True
     gradient_checkpointing: bool = False
@@ -72,6 +73,7 @@ class HunyuanVideo15Policy(PolicyBase):
         self._setup(components, replace(config, guidance=config.guidance or guider.guidance_scale), device, dtype)
         self.config = config
         self.pipe = HunyuanVideo15Pipeline(**components)
+        self.pipe.tokenizer_max_length = config.max_sequence_length
 
     @classmethod
     def from_pretrained(cls, path: str = HUB_ID, dtype: torch.dtype = torch.bfloat16,

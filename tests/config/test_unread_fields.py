@@ -48,7 +48,8 @@ FAMILY_OVERRIDES = {
     "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
     "wan22": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5",
               "sampler.steps=4", "policy.train_experts=[transformer, transformer_2]"],   # both experts run
-    "hunyuan15": ["sampler.height=8", "sampler.width=8", "sampler.num_frames=5", "sampler.steps=2"],
+    "hunyuan15": ["policy.max_sequence_length=300", "sampler.height=8", "sampler.width=8", "sampler.num_frames=5",
+                  "sampler.steps=2"],
 }
 VIDEO = ("wan", "wan22", "hunyuan15")
 

@@ -9,6 +9,7 @@ from tests.policies.conftest import generators, pipeline_step_velocities
 PROMPTS = ['a sign that says "hello"', "a cat walking on the beach"]     # one with glyph text (ByT5), one without
 H = W = 16
 F = 5
+L = 300            # Qwen tokens kept (the tiny tokenizer's template is ~240 tokens past the 108 cropped)
 
 
 def _perturb(policy, name, scale, seed):
@@ -20,7 +21,7 @@ def _perturb(policy, name, scale, seed):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    policy = HunyuanVideo15Policy.tiny(seed=0)
+    policy = HunyuanVideo15Policy.tiny(seed=0, config=Config(max_sequence_length=L))
     _perturb(policy, "train", 0.05, 1)
     return policy, policy.save_pretrained(tmp_path_factory.mktemp("hy15"))
 
@@ -30,6 +31,7 @@ def _pipe(path, guidance, rescale=0.0):
     from diffusers.guiders import ClassifierFreeGuidance
 
     pipe = HunyuanVideo15Pipeline.from_pretrained(path)
+    pipe.tokenizer_max_length = L
     pipe.guider = ClassifierFreeGuidance(guidance_scale=guidance, guidance_rescale=rescale)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -45,6 +47,7 @@ def test_velocity_matches_pipeline(saved, guidance):
     assert torch.equal(policy.sigmas(2, x), sig)
     cond = policy.encode(PROMPTS, cfg=guidance > 1)
     assert cond.embeds["encoder_attention_mask_2"][0].sum() > 0 == cond.embeds["encoder_attention_mask_2"][1].sum()
+    assert (cond.embeds["encoder_attention_mask"].sum(1) < L).all()        # the prompts fit: nothing truncated
     with torch.no_grad(), policy.adapter(None):
         for i in range(2):
             torch.testing.assert_close(policy.velocity(xs[i], sig[i], cond, guidance), vs[i], atol=1e-5, rtol=0)
@@ -103,7 +106,7 @@ def test_save_load_round_trip_and_defaults(saved):
 def test_full_fine_tune_and_sde_log_prob(saved):
     from samplers import KERNELS
 
-    full = HunyuanVideo15Policy.tiny(seed=0, config=Config(lora=None))
+    full = HunyuanVideo15Policy.tiny(seed=0, config=Config(lora=None, max_sequence_length=L))
     assert len(full.trainable_parameters()) == len(list(full.transformer.parameters()))
     assert len(full.shard_units()) == 3
     policy, _ = saved
