@@ -2,6 +2,11 @@
 
     python scripts/bench.py gpu                      # one JSON line; sized for < 8 min on one H200
     python scripts/bench.py gpu --families flux --steps 4
+    python scripts/bench.py gpu --families wan22,hunyuan15 --no-streaming   # the 2026 video families (opt-in)
+
+``wan22`` builds both Wan2.2-T2V-A14B experts (2 × 14.3B, boundary 0.875; LoRA on the high-noise expert, the
+policy's default) at 480×832×33; ``hunyuan15`` HunyuanVideo-1.5 (8.3B) at 480×848×33 with its guider's CFG 6.0.
+Both are opt-in: the default run keeps its 8-minute size.
 
 Not yet run on a GPU (written and smoke-tested at ``--scale tiny`` on CPU); the sizes below are chosen to fit the
 8-minute target and ``--budget-s`` (default 420) skips, and names, every part not started by then.
@@ -47,19 +52,27 @@ from flowrl.bench.paths import REPO
 
 CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
-           "wan": "wan21_t2v_1.3b_transformer.json"}
+           "wan": "wan21_t2v_1.3b_transformer.json", "wan22": "wan22_t2v_a14b_transformer.json",
+           "wan22_i2v": "wan22_i2v_a14b_transformer.json", "wan22_ti2v": "wan22_ti2v_5b_transformer.json",
+           "hunyuan15": "hunyuan15_480p_t2v_transformer.json"}
+FAMILIES = ("sd3", "flux", "wan", "wan22", "hunyuan15")     # benched (wan22: both A14B experts, boundary 0.875)
+VIDEO = ("wan", "wan22", "hunyuan15")
 # family: (height, width, frames, batch) at full scale / tiny scale
-GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1)},
-            "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1)}}
+GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1),
+                     "wan22": (480, 832, 33, 1), "hunyuan15": (480, 848, 33, 1)},
+            "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1),
+                     "wan22": (32, 32, 5, 1), "hunyuan15": (32, 32, 5, 1)}}
 PROMPTS = ["a red circle left of a blue square", "a photo of a cat", "a dog", "a tree"]
 VAE_SCALING = {"sd3": (1.5305, 0.0609), "flux": (0.3611, 0.1159)}   # (scaling_factor, shift_factor)
-NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7}   # flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX)
+NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7,    # flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX)
+               "wan22": 0.9, "hunyuan15": 0.7}          # Flow-Factory Wan2.2: 0.9; HunyuanVideo-1.5: no anchor, 0.7
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default="sd3,flux,wan", help="comma-separated subset of sd3, flux, wan")
+    ap.add_argument("--families", default="sd3,flux,wan",
+                    help="comma-separated subset of sd3, flux, wan, wan22, hunyuan15 (the last two opt-in)")
     ap.add_argument("--steps", type=int, default=10, help="sampling steps of every rollout")
     ap.add_argument("--scale", choices=("full", "tiny"), default="full", help="tiny: shrunk configs (CPU smoke run)")
     ap.add_argument("--device", default="cuda")
@@ -71,9 +84,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.scale, args.steps = "tiny", 2
-    bad = sorted(set(args.families.split(",")) - set(CONFIGS))
+    bad = sorted(set(args.families.split(",")) - set(FAMILIES))
     if bad:
-        raise SystemExit(f"--families: unknown {bad}; choose from {sorted(CONFIGS)}")
+        raise SystemExit(f"--families: unknown {bad}; choose from {sorted(FAMILIES)}")
     return args
 
 
@@ -90,6 +103,9 @@ def shrink(family: str, cfg: dict) -> dict:
                      dual_attention_layers=[0], pos_embed_max_size=32)
     elif family == "flux":
         small.update(num_single_layers=2, joint_attention_dim=64, pooled_projection_dim=32, axes_dims_rope=[4, 6, 6])
+    elif family == "hunyuan15":
+        small.update(num_refiner_layers=1, text_embed_dim=64, text_embed_2_dim=64, image_embed_dim=32,
+                     rope_axes_dim=[4, 6, 6])
     else:
         small.update(ffn_dim=64, text_dim=64, rope_max_seq_len=64)
     return small
@@ -129,9 +145,11 @@ def _t5(width: int, umt5: bool = False):
 
 
 def _vae(family: str):
-    from diffusers import AutoencoderKL
+    from diffusers import AutoencoderKL, AutoencoderKLHunyuanVideo15
 
-    if family == "wan":
+    if family == "hunyuan15":       # ×16 space, ×4 time, 32 channels (the real factors), 8 wide
+        return AutoencoderKLHunyuanVideo15(latent_channels=32, block_out_channels=(8,) * 5, layers_per_block=1)
+    if family in ("wan", "wan22"):
         from flowrl.distill.components import tiny_vae
 
         return tiny_vae(0)
@@ -140,6 +158,24 @@ def _vae(family: str):
                          up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8,) * 4, layers_per_block=1,
                          latent_channels=16, norm_num_groups=8, use_quant_conv=False, use_post_quant_conv=False,
                          scaling_factor=scale, shift_factor=shift)
+
+
+def _hunyuan_text(c) -> dict:
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    from flowrl.policies.tiny import chatml_tokenizer
+
+    tok = chatml_tokenizer()
+    heads = 4
+    q = c.text_embed_dim // heads // 2                      # M-RoPE sections split half the head width
+    sections = [q // 4, (q - q // 4) // 2, q - q // 4 - (q - q // 4) // 2]
+    qwen = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(tok), hidden_size=c.text_embed_dim, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=heads, rope_theta=1000000.0,
+        rope_scaling={"mrope_section": sections, "rope_type": "default", "type": "default"}))
+    return {"text_encoder": qwen, "tokenizer": tok, "text_encoder_2": _t5(c.text_embed_2_dim),
+            "tokenizer_2": ByT5Tokenizer(), "guider": ClassifierFreeGuidance(guidance_scale=6.0)}
 
 
 def components(family: str, transformer, dtype: torch.dtype, device=None) -> dict:
@@ -163,12 +199,17 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
                 "tokenizer": clip_tokenizer(), "tokenizer_2": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
                                                     max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
-    else:                 # Wan2.1 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
+    elif family == "hunyuan15":      # Qwen2.5-VL text (2 layers: the pipeline reads hidden state −3) + ByT5 widths
+        text, scheduler = _hunyuan_text(c), FlowMatchEulerDiscreteScheduler(shift=5.0)
+    else:                 # Wan 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
         text = {"text_encoder": _t5(c.text_dim, umt5=True), "tokenizer": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+        if family == "wan22":        # the low-noise expert: the same config, its own random weights
+            cfg2 = {**dict(c), "_class_name": type(transformer).__name__}
+            text["transformer_2"] = build_transformer(cfg2, transformer.device, transformer.dtype, seed=1)
     device = transformer.device if device is None else device
     for k, m in text.items():
-        if isinstance(m, torch.nn.Module):
+        if isinstance(m, torch.nn.Module) and k != "transformer_2":
             text[k] = m.to(device, dtype).eval().requires_grad_(False)
     return {"transformer": transformer, "vae": _vae(family).to(device).eval(), "scheduler": scheduler, **text}
 
@@ -217,6 +258,9 @@ def pipeline_call(family, pipe, x, steps, geometry, seq_len):
 
         out = pipe(latents=pack_latents(x), height=h, width=w, guidance_scale=3.5, **kw).images
         return unpack_latents(out, x.shape[-2], x.shape[-1])
+    if family == "hunyuan15":        # CFG through the pipeline's guider (6.0, set in components)
+        return pipe(prompt=kw["prompt"], latents=x.clone(), num_inference_steps=steps, height=h, width=w,
+                    num_frames=frames, output_type="latent").frames
     return pipe(latents=x.clone(), height=h, width=w, num_frames=frames, guidance_scale=5.0, **kw).frames
 
 
@@ -276,8 +320,10 @@ def bench_family(family: str, args) -> dict:
     transformer, built = timed(device, lambda: build_transformer(cfg, device, dtype))
     n_params = sum(p.numel() for p in transformer.parameters())     # before LoRA is added
     cls = POLICIES.get(family)
-    config = cls.config_class(gradient_checkpointing=family == "wan")   # video activations: checkpoint blocks
-    policy = cls(components(family, transformer, dtype), config, device, dtype)   # adds "train"/"old" LoRA
+    short = {"max_sequence_length": 300} if family == "hunyuan15" and args.scale == "tiny" else {}   # CPU smoke
+    config = cls.config_class(gradient_checkpointing=family in VIDEO, **short)   # video: checkpoint blocks
+    flags = {"boundary_ratio": 0.875} if family == "wan22" else {}        # Wan2.2-T2V-A14B's model_index value
+    policy = cls(components(family, transformer, dtype), config, device, dtype, **flags)   # adds "train"/"old" LoRA
     pipe, seq_len = policy.pipe, config.max_sequence_length         # the stock pipeline on the same components
     pipe.set_progress_bar_config(disable=True)
     rec = {"params_b": round(n_params / 1e9, 3), "build_s": built["s"], "height": h, "width": w, "frames": frames,
