@@ -187,3 +187,25 @@ class LossOut:
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def check_images(images: Sequence | None, batch: int, family: str, accepts: bool) -> list | None:
+    """``images`` as a list of B entries (None or a list of (3, H, W) float tensors in [0, 1]), or None when no
+    row carries one; one-line ValueError for a bad entry, or for images given to a family without
+    ``accepts_images``."""
+    if images is None:
+        return None
+    rows = list(images)
+    if len(rows) != batch:
+        raise ValueError(f"images: {len(rows)} entries for {batch} prompts; give one entry (None or a list) per prompt")
+    if all(r is None or len(r) == 0 for r in rows):
+        return None
+    if not accepts:
+        raise ValueError(f"the {family!r} policy does not accept images, but a prompt carries reference images; "
+                         "use an image-conditioned family (e.g. qwen_image_edit) or a prompt file without images")
+    for i, row in enumerate(rows):
+        for img in row or []:
+            if not isinstance(img, Tensor) or img.dim() != 3 or img.shape[0] != 3 or not img.is_floating_point():
+                raise ValueError(f"images[{i}]: each reference image must be a float tensor (3, H, W) in [0, 1], got "
+                                 f"{type(img).__name__} {tuple(getattr(img, 'shape', ()))}")
+    return [None if not r else list(r) for r in rows]

@@ -189,19 +189,11 @@ class SamplingEngine:
 
 
 def check_images(policy, images: Sequence | None, n: int) -> list | None:
-    """``images`` as n rows, or None when no row carries an image; a one-line error when some row does and the
-    policy's ``accepts_images`` flag is not set (the engine reads the flag, never the family)."""
-    if images is None:
-        return None
-    rows = list(images)
-    if len(rows) != n:
-        raise ValueError(f"images: {len(rows)} entries for {n} prompts; give one entry (None or a list) per prompt")
-    if all(not r for r in rows):
-        return None
-    if not getattr(policy, "accepts_images", False):
-        raise ValueError(f"prompts carry reference images but the {getattr(policy, 'family', type(policy).__name__)!r} "
-                         "policy does not accept images (accepts_images is False); use an image-conditioned family")
-    return rows
+    """``flowrl.types.check_images`` with the policy's ``accepts_images`` flag (the engine reads the flag, never
+    the family)."""
+    from flowrl.types import check_images as check
+
+    return check(images, n, getattr(policy, "family", type(policy).__name__), getattr(policy, "accepts_images", False))
 
 
 def _rows(images: list | None, sl: slice) -> list | None:

@@ -41,6 +41,62 @@ PUBLISHED = {
 SIZES = {"sd3": (2.4e9, 2.6e9), "flux": (11.5e9, 12.5e9), "wan": (1.3e9, 1.5e9)}
 
 
+# The 2026 video families. Wan2.2: the "diffusers_config" of "Wan2.2-T2V-A14B" / "Wan2.2-I2V-A14B" / "Wan2.2-TI2V-5B"
+# in huggingface/diffusers scripts/convert_wan_to_diffusers.py::get_transformer_config (both A14B experts share
+# theirs). HunyuanVideo-1.5 480p T2V: diffusers 0.42.1 HunyuanVideo15Transformer3DModel's defaults (the port's
+# 480p configuration; task_type "t2v" for the T2V repo) [card: 8.3B]. Sizes: the model cards (A14B "14B" per expert,
+# TI2V "5B", HunyuanVideo-1.5 "8.3B").
+_WAN22 = {"_class_name": "WanTransformer3DModel", "added_kv_proj_dim": None, "attention_head_dim": 128,
+          "cross_attn_norm": True, "eps": 1e-06, "freq_dim": 256, "patch_size": [1, 2, 2],
+          "qk_norm": "rms_norm_across_heads", "text_dim": 4096}
+PUBLISHED_2026 = {
+    "wan22": {**_WAN22, "ffn_dim": 13824, "in_channels": 16, "num_attention_heads": 40, "num_layers": 40,
+              "out_channels": 16},
+    "wan22_i2v": {**_WAN22, "ffn_dim": 13824, "in_channels": 36, "num_attention_heads": 40, "num_layers": 40,
+                  "out_channels": 16},
+    "wan22_ti2v": {**_WAN22, "ffn_dim": 14336, "in_channels": 48, "num_attention_heads": 24, "num_layers": 30,
+                   "out_channels": 48},
+    "hunyuan15": {"_class_name": "HunyuanVideo15Transformer3DModel", "attention_head_dim": 128,
+                  "image_embed_dim": 1152, "in_channels": 65, "mlp_ratio": 4.0, "num_attention_heads": 16,
+                  "num_layers": 54, "num_refiner_layers": 2, "out_channels": 32, "patch_size": 1, "patch_size_t": 1,
+                  "qk_norm": "rms_norm", "rope_axes_dim": [16, 56, 56], "rope_theta": 256.0, "target_size": 640,
+                  "task_type": "t2v", "text_embed_2_dim": 1472, "text_embed_dim": 3584, "use_meanflow": False},
+}
+SIZES_2026 = {"wan22": (14.0e9, 14.5e9), "wan22_i2v": (14.0e9, 14.5e9), "wan22_ti2v": (4.9e9, 5.1e9),
+              "hunyuan15": (8.2e9, 8.4e9)}
+BLOCKS_2026 = {"wan22": ("WanTransformerBlock", 40), "wan22_i2v": ("WanTransformerBlock", 40),
+               "wan22_ti2v": ("WanTransformerBlock", 30), "hunyuan15": ("HunyuanVideo15TransformerBlock", 54)}
+
+
+@pytest.mark.parametrize("family", sorted(PUBLISHED_2026))
+def test_2026_configs_published_counts_and_shard_units_on_meta(family):
+    """configs/gpu equals the published config; on the meta device the parameter count is the card's and the
+    policy's shard blocks are the class' ``_no_split_modules`` block class, one per layer."""
+    from flowrl.policies import POLICIES
+
+    bench, want = _bench(), PUBLISHED_2026[family]
+    cfg = bench.load_config(family)
+    assert cfg == want
+    model = bench.build_transformer(cfg, "meta", torch.bfloat16)
+    lo, hi = SIZES_2026[family]
+    assert lo < sum(t.numel() for t in model.state_dict().values()) < hi
+    cls = POLICIES.get(family)
+    blocks = [b for attr in cls.shard_blocks for b in getattr(model, attr)]
+    name, n = BLOCKS_2026[family]
+    assert len(blocks) == n and {type(b).__name__ for b in blocks} == {name} and name in model._no_split_modules
+    assert cls.spec["transformer"] == ("diffusers", cfg["_class_name"])
+
+
+@pytest.mark.slow
+def test_tiny_scale_runs_the_2026_families_on_cpu():
+    """Two A14B experts and HunyuanVideo-1.5 through every part at tiny scale: flowrl's rollout = the pipeline's."""
+    out = _bench().main(["--scale", "tiny", "--device", "cpu", "--dtype", "float32", "--steps", "2",
+                         "--families", "wan22,hunyuan15", "--no-streaming"])
+    for family in ("wan22", "hunyuan15"):
+        assert out[family]["rel_diff"] is not None and out[family]["rel_diff"] <= 1e-5, family
+        assert out[family]["grpo_step"]["loss_finite"] and out[family]["nft_step"]["loss_finite"]
+
+
 def _bench():
     from flowrl.bench.benchmarks import gpu
 

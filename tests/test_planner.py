@@ -20,7 +20,7 @@ def flat_activations(monkeypatch):
     monkeypatch.setattr(activations, "coefficients", lambda *a, **kw: k)
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "wan"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "wan22", "wan22_ti2v", "hunyuan15"])
 def test_transformer_counts_equal_meta_instantiation(family):
     from flowrl.bench.benchmarks.gpu import build_transformer
     from flowrl.bench.benchmarks.gpu import load_config as published
@@ -29,6 +29,21 @@ def test_transformer_counts_equal_meta_instantiation(family):
     c = models.count(family, None, False, None)
     assert c.transformer == sum(p.numel() for p in model.parameters())
     assert sum(c.blocks) < c.transformer and c.shard(1) == c.transformer
+
+
+def test_wan22_holds_both_experts_and_trains_the_listed_ones(flat_activations):
+    """A14B: two experts' weights resident; adapters, gradients and moments scale with train_experts."""
+    recipe = REPO / "configs/wan22/grpo_t2v.yaml"
+    lora = ["policy.lora={rank: 8, alpha: 16}"]
+    one = budget.plan(load_config(recipe, lora), 8, 80, remedies=False)
+    both = budget.plan(load_config(recipe, [*lora, "policy.train_experts=[transformer, transformer_2]"]), 8, 80,
+                       remedies=False)
+    c = models.count("wan22", None, False, None)
+    bf16_weights = (c.transformer - c.fp32_params) * 2 + c.fp32_params * 4
+    assert one.items["transformer weights (2 experts)"] == pytest.approx(2 * bf16_weights, rel=1e-6)
+    for item in ("LoRA adapters (train, old)", "gradients", "AdamW moments (2×)"):
+        assert both.items[item] == pytest.approx(2 * one.items[item], rel=1e-6), item
+    assert both.phases["train activations"] == one.phases["train activations"]     # one expert runs per step
 
 
 def test_lora_counts_equal_the_adapters_on_a_tiny_model():

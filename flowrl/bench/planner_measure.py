@@ -124,7 +124,7 @@ def measure(quick: bool = False) -> dict:
             "cases": cases}
 
 
-RECIPE_DIRS = ("configs/sd35", "configs/flux", "configs/wan21", "configs/toy")
+RECIPE_DIRS = ("configs/sd35", "configs/flux", "configs/wan21", "configs/toy", "configs/wan22", "configs/hunyuan15")
 
 
 def recipe_table(gpu_mem: float = 80.0) -> str:

@@ -60,7 +60,7 @@ def narrow(family: str, cfg: dict, blocks: int) -> dict:
     out = {**cfg, "num_attention_heads": heads, "num_layers": blocks}
     if family == "flux":
         out["num_single_layers"] = blocks
-    if family == "wan":
+    if family.startswith("wan"):
         out["ffn_dim"] = max(1, round(cfg["ffn_dim"] * ratio))
     if family in ("sd3", "toy"):
         out["caption_projection_dim"] = max(1, round(cfg["caption_projection_dim"] * ratio))
@@ -81,7 +81,16 @@ def inputs(family: str, cfg: dict, image_tokens: int, text_tokens: int, rows: in
                 "pooled_projections": torch.randn(rows, cfg["pooled_projection_dim"], generator=g),
                 "timestep": t / 1000, "img_ids": ids, "txt_ids": torch.zeros(text_tokens, 3),
                 "guidance": torch.full((rows,), 3.5) if cfg.get("guidance_embeds") else None}
-    if family == "wan":
+    if family == "hunyuan15":         # the context split as the pipeline builds it (image, ByT5, Qwen tokens)
+        img_ctx, byt5 = min(729, text_tokens // 3), min(256, text_tokens // 3)
+        qwen = max(1, text_tokens - img_ctx - byt5)
+        return {"hidden_states": torch.randn(rows, cfg["in_channels"], 1, side, side, generator=g), "timestep": t,
+                "encoder_hidden_states": torch.randn(rows, qwen, cfg["text_embed_dim"], generator=g),
+                "encoder_attention_mask": torch.ones(rows, qwen),
+                "encoder_hidden_states_2": torch.randn(rows, byt5, cfg["text_embed_2_dim"], generator=g),
+                "encoder_attention_mask_2": torch.ones(rows, byt5),
+                "image_embeds": torch.zeros(rows, img_ctx, cfg["image_embed_dim"])}
+    if family.startswith("wan"):
         p = cfg["patch_size"]
         return {"hidden_states": torch.randn(rows, cfg["in_channels"], 1, side * p[1], side * p[2], generator=g),
                 "timestep": t, "encoder_hidden_states": torch.randn(rows, text_tokens, cfg["text_dim"], generator=g)}

@@ -63,6 +63,8 @@ def guidance(cfg) -> tuple[float, float]:
     """(rollout guidance, training-forward guidance): ``sampler.guidance`` (None → the family default), the
     objective's ``train_guidance`` (None → the rollout's)."""
     g = cfg.sampler.guidance if cfg.sampler.guidance is not None else cfg.policy.config.guidance
+    if g is None:          # the checkpoint decides (HunyuanVideo-1.5's guider): plan with CFG on, an upper bound
+        g = 2.0
     tg = getattr(cfg.objective.config, "train_guidance", None)
     return g, g if tg is None else tg
 
@@ -86,7 +88,7 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     from flowrl.objectives import get_objective
     from flowrl.planning.activations import coefficients
     from flowrl.planning.geometry import geometry
-    from flowrl.planning.models import count
+    from flowrl.planning.models import EXPERTS, count
 
     family, load, pc, t, s = cfg.policy.kind, cfg.policy.common, cfg.policy.config, cfg.train, cfg.sampler
     lora = pc.lora
@@ -97,7 +99,9 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     sharded = cfg.dist.fsdp and n > 1
     frac = c.shard(n) / c.transformer if sharded else 1.0
     weights = ((c.transformer - c.fp32_params) * e + c.fp32_params * 4) * frac
-    trainable, tb = (c.lora, 4) if lora is not None else (c.transformer, e)
+    experts = EXPERTS.get(family, 1)              # Wan2.2-A14B: both experts resident, one runs per step
+    trained = min(experts, len(getattr(pc, "train_experts", ()) or (1,)))
+    trainable, tb = (c.lora * trained, 4) if lora is not None else (c.transformer * trained, e)
     local = cfg.samples_per_iter // n
     per_update = max(1, local // t.updates_per_epoch)
     mb = min(t.micro_batch, per_update)
@@ -105,11 +109,11 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     trajectory = objective.TRAINS_ON.stores_trajectory
     multi_pass = per_update > mb or (trajectory and stored_steps(cfg) > 1)
     grad_frac = 1.0 if sharded and cfg.dist.reduce_per_step and multi_pass else frac
-    items = {"transformer weights": weights}
+    items = {"transformer weights" + (f" ({experts} experts)" if experts > 1 else ""): experts * weights}
     if lora is not None:
-        items[f"LoRA adapters ({', '.join(lora.names)})"] = len(lora.names) * c.lora * 4 * frac
+        items[f"LoRA adapters ({', '.join(lora.names)})"] = len(lora.names) * c.lora * 4 * frac * trained
     else:
-        items["frozen copies (old" + (", base)" if pc.keep_base else ")")] = (1 + int(pc.keep_base)) * weights
+        items["frozen copies (old" + (", base)" if pc.keep_base else ")")] = (1 + int(pc.keep_base)) * weights * trained
     items["gradients"] = trainable * tb * grad_frac
     items["AdamW moments (2×)"] = 2 * trainable * tb * frac
     if t.ema_decay is not None:

@@ -27,6 +27,10 @@ class Geometry:
 
 
 def vae_factor(family: str, tiny: bool) -> int:
+    if family == "hunyuan15":
+        return 4 if tiny else 16
+    if family == "wan22_ti2v":
+        return 16
     return 1 if family == "toy" or (tiny and family in ("sd3", "flux")) else 8
 
 
@@ -36,11 +40,16 @@ def geometry(family: str, tcfg: dict, tiny: bool, height: int, width: int, frame
     f = vae_factor(family, tiny)
     d = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
     h, w = height // f, width // f
-    if family == "wan":
+    if family == "hunyuan15":         # context: 729 image tokens (zeros for T2V) + 256 ByT5 + the Qwen tokens
+        ft = (frames - 1) // (2 if tiny else 4) + 1
+        img, text = ft * h * w, max_sequence_length + 256 + 729
+        cond = max_sequence_length * tcfg["text_embed_dim"] + 256 * tcfg["text_embed_2_dim"]
+        return Geometry(img, text, d, tcfg["out_channels"] * ft * h * w, cond, 3 * frames * height * width)
+    if family.startswith("wan"):
         p = tcfg["patch_size"]
         ft = (frames - 1) // 4 + 1
         img = ft * (h // p[1]) * (w // p[2])
-        latent = tcfg["in_channels"] * ft * h * w
+        latent = tcfg["out_channels"] * ft * h * w         # I2V's extra input channels are recomputed
         text = max_sequence_length
         cond = text * tcfg["text_dim"]
         return Geometry(img, text, d, latent, cond, 3 * frames * height * width)

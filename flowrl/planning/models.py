@@ -1,7 +1,8 @@
 """Parameter counts of a run's models, from their configs instantiated on the meta device (no weights, no download).
 
 Transformer: the published ``config.json`` in ``configs/gpu/`` for the family (SD3.5-Medium, FLUX.1-dev,
-Wan2.1-T2V-1.3B), a local checkpoint's ``transformer/config.json``, the toy's shipped config or the tiny preset.
+Wan2.1-T2V-1.3B, Wan2.2 T2V/I2V-A14B (one expert; ``EXPERTS`` counts the resident copies) and TI2V-5B,
+HunyuanVideo-1.5 480p), a local checkpoint's ``transformer/config.json``, the toy's shipped config or the tiny preset.
 Derived sizes for the hub ids the recipes may name instead: Wan2.1-T2V-14B (40 heads × 128, FFN 13824, 40 layers)
 and SD3.5-Large (38 layers, 38 heads, caption projection 2432, no dual attention), from their published configs.
 Text encoders and VAE: the published architectures (CLIP-L/14, OpenCLIP bigG, T5-v1.1-XXL, UMT5-XXL encoders;
@@ -21,12 +22,26 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
-             "wan": "wan21_t2v_1.3b_transformer.json"}
+             "wan": "wan21_t2v_1.3b_transformer.json", "wan22": "wan22_t2v_a14b_transformer.json",
+             "wan22_i2v": "wan22_i2v_a14b_transformer.json", "wan22_ti2v": "wan22_ti2v_5b_transformer.json",
+             "hunyuan15": "hunyuan15_480p_t2v_transformer.json"}
+WAN = ("wan", "wan22", "wan22_i2v", "wan22_ti2v")
+EXPERTS = {"wan22": 2, "wan22_i2v": 2}        # transformers resident (Wan2.2-A14B: high- and low-noise experts)
 DERIVED = {("wan", "14b"): {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
            ("sd3", "large"): {"num_layers": 38, "num_attention_heads": 38, "caption_projection_dim": 2432,
                               "dual_attention_layers": [], "pos_embed_max_size": 192}}
 BLOCKS = {"sd3": ("transformer_blocks",), "toy": ("transformer_blocks",), "wan": ("blocks",),
-          "flux": ("transformer_blocks", "single_transformer_blocks")}
+          "flux": ("transformer_blocks", "single_transformer_blocks"), "wan22": ("blocks",), "wan22_i2v": ("blocks",),
+          "wan22_ti2v": ("blocks",), "hunyuan15": ("transformer_blocks",)}
+# Qwen2.5-VL-7B's text model (HunyuanVideo-1.5's MLLM encoder) and ByT5-small (its glyph encoder), published configs
+QWEN25_VL_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "vocab_size": 152064}
+BYT5_SMALL = {"d_model": 1472, "d_ff": 3584, "d_kv": 64, "num_heads": 6, "num_layers": 12, "vocab_size": 384,
+              "feed_forward_proj": "gated-gelu"}
+# Wan2.2-TI2V-5B's VAE (48 channels, ×16 space: residual blocks and a 2×2 patch), diffusers convert_wan_to_diffusers.py
+WAN22_VAE = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "is_residual": True, "in_channels": 12,
+             "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16, "latents_mean": [0.0] * 48,
+             "latents_std": [1.0] * 48}
 CLIP_L = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
           "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}
 CLIP_G = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
@@ -81,14 +96,24 @@ def transformer_config(family: str, path: str | None, tiny: bool) -> dict:
 def tiny_transformer(family: str, **changes) -> nn.Module:
     """The family's tiny preset transformer (``flowrl.policies.tiny`` / the toy's tiny preset), optionally rebuilt
     with config ``changes`` (e.g. another ``num_layers``)."""
-    from flowrl.policies import tiny, toy_modules
+    from flowrl.policies import toy_modules
 
     if family == "toy":
         tr = toy_modules.build_modules("tiny")[2]
     else:
-        parts = {"sd3": tiny.sd3_components, "flux": tiny.flux_components, "wan": tiny.wan_components}
-        tr = parts[family]()["transformer"]
+        tr = tiny_components(family)["transformer"]
     return build({**dict(tr.config), "_class_name": type(tr).__name__}, "cpu", **changes) if changes else tr
+
+
+def tiny_components(family: str) -> dict:
+    """The family's tiny preset pipeline components (``flowrl.policies.tiny``)."""
+    from flowrl.policies import tiny
+
+    variants = {"wan22": "t2v-a14b", "wan22_i2v": "i2v-a14b", "wan22_ti2v": "ti2v-5b"}
+    if family in variants:
+        return tiny.wan22_components(0, variants[family])[0]
+    return {"sd3": tiny.sd3_components, "flux": tiny.flux_components, "wan": tiny.wan_components,
+            "hunyuan15": tiny.hunyuan15_components}[family]()
 
 
 def build(cfg: dict, device: str = "meta", **changes) -> nn.Module:
@@ -133,13 +158,11 @@ def numel(module: nn.Module) -> int:
 def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str, int], int]:
     """({text encoder: parameters}, VAE parameters) resident next to the transformer."""
     if tiny:
-        from flowrl.policies import tiny as presets
         from flowrl.policies import toy_modules
 
         if family == "toy":
             return {"text_encoder": numel(toy_modules.build_modules("tiny")[1])}, 0
-        parts = {"sd3": presets.sd3_components, "flux": presets.flux_components, "wan": presets.wan_components}
-        comps = parts[family]()
+        comps = tiny_components(family)
         return {k: numel(v) for k, v in comps.items() if k.startswith("text_encoder")}, numel(comps["vae"])
     from transformers import (
         CLIPTextConfig,
@@ -156,11 +179,19 @@ def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str,
             te = Path(path) if path else REPO / "flowrl/assets/toy"
             conf = CLIPTextConfig.from_json_file(te / "text_encoder" / "config.json")
             return {"text_encoder": numel(CLIPTextModelWithProjection(conf))}, 0
-        if family == "wan":
+        if family in WAN:
             from diffusers import AutoencoderKLWan
 
             umt5 = UMT5EncoderModel(UMT5Config(**{**T5_XXL, "vocab_size": 256384}))   # T5-XXL, the mT5 vocab
-            return {"text_encoder": numel(umt5)}, numel(AutoencoderKLWan())
+            vae = AutoencoderKLWan(**WAN22_VAE) if family == "wan22_ti2v" else AutoencoderKLWan()
+            return {"text_encoder": numel(umt5)}, numel(vae)
+        if family == "hunyuan15":
+            from diffusers import AutoencoderKLHunyuanVideo15
+            from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+            qwen = numel(Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**QWEN25_VL_7B)))
+            return ({"text_encoder": qwen, "text_encoder_2": numel(T5EncoderModel(T5Config(**BYT5_SMALL)))},
+                    numel(AutoencoderKLHunyuanVideo15()))
         from diffusers import AutoencoderKL
 
         t5 = numel(T5EncoderModel(T5Config(**T5_XXL)))

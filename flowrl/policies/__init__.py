@@ -1,4 +1,4 @@
-"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, qwen_image,
+"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, wan22, hunyuan15, qwen_image,
 qwen_image_edit[_plus], toy), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
@@ -16,6 +16,10 @@ POLICIES = Registry("policy", {
     "qwen_image": "flowrl.policies.qwen_image:QwenImagePolicy",
     "qwen_image_edit": "flowrl.policies.qwen_image_edit:QwenImageEditPolicy",
     "qwen_image_edit_plus": "flowrl.policies.qwen_image_edit:QwenImageEditPlusPolicy",
+    "wan22": "flowrl.policies.wan22:Wan22Policy",
+    "wan22_i2v": "flowrl.policies.wan22:Wan22I2VPolicy",
+    "wan22_ti2v": "flowrl.policies.wan22:Wan22TI2VPolicy",
+    "hunyuan15": "flowrl.policies.hunyuan15:HunyuanVideo15Policy",
     "toy": "flowrl.policies.toy:ToyPolicy",
 })
 

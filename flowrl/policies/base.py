@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from flowrl.types import Cond
+from flowrl.types import Cond, check_images
 
 
 @runtime_checkable
@@ -162,28 +162,6 @@ def resolve_guidance(guidance: float | None, default: float, cond: Cond) -> tupl
     return float(guidance), guidance > 1.0
 
 
-def check_images(images: Sequence | None, batch: int, family: str, accepts: bool) -> list | None:
-    """``images`` as a list of B entries (None or a list of (3, H, W) float tensors in [0, 1]), or None when no
-    row carries one; one-line ValueError for a bad entry, or for images given to a family without
-    ``accepts_images``."""
-    if images is None:
-        return None
-    rows = list(images)
-    if len(rows) != batch:
-        raise ValueError(f"images: {len(rows)} entries for {batch} prompts; give one entry (None or a list) per prompt")
-    if all(r is None or len(r) == 0 for r in rows):
-        return None
-    if not accepts:
-        raise ValueError(f"the {family!r} policy does not accept images, but a prompt carries reference images; "
-                         "use an image-conditioned family (e.g. qwen_image_edit) or a prompt file without images")
-    for i, row in enumerate(rows):
-        for img in row or []:
-            if not isinstance(img, Tensor) or img.dim() != 3 or img.shape[0] != 3 or not img.is_floating_point():
-                raise ValueError(f"images[{i}]: each reference image must be a float tensor (3, H, W) in [0, 1], got "
-                                 f"{type(img).__name__} {tuple(getattr(img, 'shape', ()))}")
-    return [None if not r else list(r) for r in rows]
-
-
 class PolicyBase:
     """Adapter switching, trainable parameters, noise and checkpointing shared by the diffusers policies.
 
@@ -278,10 +256,16 @@ class PolicyBase:
         return self.weights.module()
 
     # ---- construction helpers shared by the diffusers families ---------------------------------------
-    def _setup(self, components: dict, config, device, dtype) -> None:
-        """Place components, wrap the transformer's weights (LoRA / full-FT), keep VAE and scheduler config."""
+    transformer_components: tuple[str, ...] = ("transformer",)   # components cast to the compute dtype
+
+    def _make_weights(self, components: dict, config):
+        """The weight sets ``velocity`` switches between (one transformer: ``TransformerWeights``)."""
         from flowrl.policies.weights import TransformerWeights
 
+        return TransformerWeights(components["transformer"], config.lora, config.keep_base)
+
+    def _setup(self, components: dict, config, device, dtype) -> None:
+        """Place components, wrap the transformer's weights (LoRA / full-FT), keep VAE and scheduler config."""
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype or components["transformer"].dtype
@@ -289,11 +273,12 @@ class PolicyBase:
         for c in components.values():
             if isinstance(c, nn.Module):
                 c.to(self.device).eval().requires_grad_(False)
-        if components["transformer"].dtype != self.dtype:
-            components["transformer"].to(self.dtype)
+        for name in self.transformer_components:
+            if components[name].dtype != self.dtype:
+                components[name].to(self.dtype)
         self.vae = components["vae"]
         self.scheduler_config = dict(components["scheduler"].config)
-        self.weights = TransformerWeights(components["transformer"], config.lora, config.keep_base)
+        self.weights = self._make_weights(components, config)
         if config.gradient_checkpointing:
             self.enable_gradient_checkpointing()
 

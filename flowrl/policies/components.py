@@ -38,7 +38,7 @@ def load_components(path: str, spec: Spec, dtype: torch.dtype, device: torch.dev
         if name in skip:
             continue
         cls = _class(library, cls_name)
-        if name.startswith("tokenizer") or name in ("scheduler", "processor"):
+        if name.startswith("tokenizer") or name in ("scheduler", "processor", "guider"):   # configs, not weights
             out[name] = cls.from_pretrained(path, subfolder=name)
         else:
             want = torch.float32 if name in fp32 else dtype
@@ -49,9 +49,11 @@ def load_components(path: str, spec: Spec, dtype: torch.dtype, device: torch.dev
 
 
 def save_components(directory: str | Path, pipeline_class: str, components: dict,
-                    transformer_state: dict[str, Tensor] | None = None, extra_index: dict | None = None) -> Path:
+                    transformer_state: dict[str, Tensor] | None = None, extra_index: dict | None = None,
+                    states: dict[str, dict[str, Tensor]] | None = None) -> Path:
     """Write ``components`` in the diffusers pipeline layout; ``transformer_state`` replaces the
-    transformer's weights (the LoRA-free base), written as ``diffusion_pytorch_model.safetensors``."""
+    transformer's weights (the LoRA-free base), written as ``diffusion_pytorch_model.safetensors``; ``states``
+    does the same for any component by name (two-expert pipelines: ``transformer`` and ``transformer_2``)."""
     import diffusers
     from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
     from safetensors.torch import save_file
@@ -59,11 +61,14 @@ def save_components(directory: str | Path, pipeline_class: str, components: dict
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     index = {"_class_name": pipeline_class, "_diffusers_version": diffusers.__version__}
+    states = dict(states or {})
+    if transformer_state is not None:
+        states["transformer"] = transformer_state
     for name, comp in components.items():
         sub = directory / name
-        if name == "transformer" and transformer_state is not None:
+        if name in states:
             comp.save_config(sub)
-            tensors = {k: v.detach().to("cpu").contiguous() for k, v in transformer_state.items()}
+            tensors = {k: v.detach().to("cpu").contiguous() for k, v in states[name].items()}
             save_file(tensors, str(sub / SAFETENSORS_WEIGHTS_NAME), metadata={"format": "pt"})
         else:
             comp.save_pretrained(sub)

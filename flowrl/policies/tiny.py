@@ -150,6 +150,83 @@ def wan_components(seed: int = 0) -> dict:
             "text_encoder": text_encoder, "tokenizer": t5_tokenizer()}
 
 
+def wan22_components(seed: int = 0, variant: str = "t2v-a14b") -> tuple[dict, dict]:
+    """Wan2.2 pipeline components and pipeline flags (``boundary_ratio``, ``expand_timesteps``) for ``variant``:
+    "t2v-a14b" (two experts, boundary 0.875), "i2v-a14b" (36 input channels, boundary 0.9), "ti2v-5b" (one
+    transformer, a 48-channel VAE with patch 2 and ×16 space, latent stats of its own). Sizes: ``wan_components``."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    if variant not in ("t2v-a14b", "i2v-a14b", "ti2v-5b"):
+        raise ValueError(f"Wan2.2 tiny variant {variant!r}: choose t2v-a14b, i2v-a14b or ti2v-5b")
+    parts = wan_components(seed)
+    z = 48 if variant == "ti2v-5b" else 16
+    in_ch = {"t2v-a14b": 16, "i2v-a14b": 36, "ti2v-5b": 48}[variant]
+    kw = {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": in_ch,
+          "out_channels": z, "text_dim": 32, "freq_dim": 256, "ffn_dim": 32, "num_layers": 2, "cross_attn_norm": True,
+          "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
+    torch.manual_seed(seed)
+    parts["transformer"] = WanTransformer3DModel(**kw)
+    if variant == "ti2v-5b":
+        torch.manual_seed(seed)
+        parts["vae"] = AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True,
+                                        patch_size=2, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                        temperal_downsample=[False, True, True], scale_factor_spatial=16,
+                                        latents_mean=[0.02 * i - 0.5 for i in range(48)],
+                                        latents_std=[0.5 + 0.03 * i for i in range(48)])
+        return parts, {"boundary_ratio": None, "expand_timesteps": True}
+    torch.manual_seed(seed + 1)
+    parts["transformer_2"] = WanTransformer3DModel(**kw)
+    return parts, {"boundary_ratio": 0.875 if variant == "t2v-a14b" else 0.9, "expand_timesteps": False}
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chatml_tokenizer(vocab_size: int = 1000):
+    """Qwen-like byte-level BPE (``<|endoftext|>`` pad, ``<|im_start|>``/``<|im_end|>``) with a ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                           show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=specials[0], eos_token=specials[2],
+                                   chat_template=CHATML)
+
+
+def hunyuan15_components(seed: int = 0) -> dict:
+    """HunyuanVideo15Pipeline components (diffusers ``test_hunyuan_1_5.py`` sizes: VAE ×4 space, ×2 time, 4
+    latent channels; Qwen2.5-VL text model 16 wide over a ChatML tokenizer; ByT5 tokenizer + T5 d_model 32)."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    tokenizer = chatml_tokenizer()
+    torch.manual_seed(seed)
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32,
+        image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v")
+    torch.manual_seed(seed)
+    vae = AutoencoderKLHunyuanVideo15(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16),
+                                      layers_per_block=1, spatial_compression_ratio=4, temporal_compression_ratio=2,
+                                      downsample_match_channel=False, upsample_match_channel=False)
+    torch.manual_seed(seed)
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=2, rope_theta=1000000.0,
+        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}))
+    torch.manual_seed(seed)
+    return {"transformer": transformer, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),
+            "text_encoder": text_encoder.eval(), "tokenizer": tokenizer, "text_encoder_2": t5_encoder(),
+            "tokenizer_2": ByT5Tokenizer(), "guider": ClassifierFreeGuidance(guidance_scale=6.0)}
+
+
 def save_preset(family: str, directory, seed: int = 0):
     """Write the tiny preset of ``family`` (sd3, flux, wan, flux2, flux2_klein, zimage, qwen_image[_edit[_plus]]) in
     the diffusers layout; load it back with ``POLICIES.get(family).from_pretrained(directory, dtype=torch.float32)``

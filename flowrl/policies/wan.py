@@ -112,7 +112,8 @@ class WanPolicy(PolicyBase):
 
     # ---- the Policy contract ------------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        """(16, (F−1)/4 + 1, H/8, W/8); F − 1 multiple of the temporal factor, H, W multiples of 8·patch."""
+        """(z_dim, (F−1)/4 + 1, H/8, W/8) (z_dim 16; the VAE's channels and factors are read from it); F − 1 a
+        multiple of the temporal factor, H, W multiples of the spatial factor · patch."""
         if num_frames is None:
             raise ValueError("WanPolicy makes videos: pass num_frames (e.g. 81 or 33; F − 1 divisible by 4)")
         ft, fs = self.pipe.vae_scale_factor_temporal, self.pipe.vae_scale_factor_spatial
@@ -121,7 +122,7 @@ class WanPolicy(PolicyBase):
             raise ValueError(f"num_frames − 1 must be divisible by {ft}, got num_frames={num_frames}")
         if height % mult or width % mult:
             raise ValueError(f"height and width must be multiples of {mult} for Wan, got {height}×{width}")
-        return (self.transformer.config.in_channels, (num_frames - 1) // ft + 1, height // fs, width // fs)
+        return (self.vae.config.z_dim, (num_frames - 1) // ft + 1, height // fs, width // fs)
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,

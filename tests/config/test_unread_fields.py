@@ -55,7 +55,12 @@ FAMILY_OVERRIDES = {
     "qwen_image_edit_plus": ["policy.reference_area=1024", "policy.condition_area=1024", "sampler.steps=3",
                              "sampler.height=16",
                              "sampler.width=16"],
+    "wan22": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5",
+              "sampler.steps=4", "policy.train_experts=[transformer, transformer_2]"],   # both experts run
+    "hunyuan15": ["policy.max_sequence_length=300", "sampler.height=8", "sampler.width=8", "sampler.num_frames=5",
+                  "sampler.steps=2"],
 }
+VIDEO = ("wan", "wan22", "hunyuan15")
 
 
 def _kernel(cfg):
@@ -83,7 +88,7 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
             ov.append("sampler.pool.scout.min_dim=0")
     if cfg.policy.kind != "toy":
         ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}")
-    if cfg.policy.kind == "wan":                      # learned rewards need downloads: an offline stand-in
+    if cfg.policy.kind in VIDEO:                      # learned rewards need downloads: an offline stand-in
         ov.append("rewards={video_jpeg: {reward: video_frame_mean, weight: 1.0, "
                   "kwargs: {reward: jpeg_compressibility}}}")
     elif cfg.policy.kind.startswith("qwen_image_edit"):   # an offline reward that reads the prompts' sources

@@ -4,6 +4,11 @@ random weights.
     python scripts/bench.py gpu                      # one JSON line; sized for < 8 min on one H200
     python scripts/bench.py gpu --families flux --steps 4
     python scripts/bench.py gpu --families flux2_klein,zimage --no-streaming   # the 2026 families (gpu_families.py)
+    python scripts/bench.py gpu --families wan22,hunyuan15 --no-streaming   # the 2026 video families (opt-in)
+
+``wan22`` builds both Wan2.2-T2V-A14B experts (2 × 14.3B, boundary 0.875; LoRA on the high-noise expert, the
+policy's default) at 480×832×33; ``hunyuan15`` HunyuanVideo-1.5 (8.3B) at 480×848×33 with its guider's CFG 6.0.
+Both are opt-in: the default run keeps its 8-minute size.
 
 Not yet run on a GPU (written and smoke-tested at ``--scale tiny`` on CPU); the sizes below are chosen to fit the
 8-minute target and ``--budget-s`` (default 420) skips, and names, every part not started by then.
@@ -48,23 +53,30 @@ from contextlib import nullcontext
 import torch
 
 from flowrl.bench import gpu_families as new
+from flowrl.bench.gpu_encoders import clip_encoder, family_vae, hunyuan_text, t5_encoder
 from flowrl.bench.paths import REPO
 
 CONFIG_DIR = REPO / "configs" / "gpu"
 CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
-           "wan": "wan21_t2v_1.3b_transformer.json", "qwen_image": "qwen_image_transformer.json", **new.CONFIGS}
+           "wan": "wan21_t2v_1.3b_transformer.json", "qwen_image": "qwen_image_transformer.json",
+           "wan22": "wan22_t2v_a14b_transformer.json", "wan22_i2v": "wan22_i2v_a14b_transformer.json",
+           "wan22_ti2v": "wan22_ti2v_5b_transformer.json", "hunyuan15": "hunyuan15_480p_t2v_transformer.json",
+           **new.CONFIGS}
+# benched families (wan22: both A14B experts, boundary 0.875)
+FAMILIES = ("sd3", "flux", "wan", "qwen_image", *new.CONFIGS, "wan22", "hunyuan15")
 # family: (height, width, frames, batch) at full scale / tiny scale
 GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1),
-                     "qwen_image": (512, 512, None, 1)},
+                     "qwen_image": (512, 512, None, 1), "wan22": (480, 832, 33, 1), "hunyuan15": (480, 848, 33, 1)},
             "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1),
-                     "qwen_image": (32, 32, None, 1)}}
+                     "qwen_image": (32, 32, None, 1), "wan22": (32, 32, 5, 1), "hunyuan15": (32, 32, 5, 1)}}
 for _scale in GEOMETRY:
     GEOMETRY[_scale].update(new.GEOMETRY[_scale])
 PROMPTS = ["a red circle left of a blue square", "a photo of a cat", "a dog", "a tree"]
-VAE_SCALING = {"sd3": (1.5305, 0.0609), "flux": (0.3611, 0.1159)}   # (scaling_factor, shift_factor)
-# flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX; Flow-Factory Qwen-Image 1.0)
-NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, "qwen_image": 1.0, **new.NOISE_LEVEL}
-CHECKPOINTED = ("wan", "qwen_image")                   # families benched with gradient checkpointing
+# flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX; Flow-Factory Qwen-Image 1.0, Wan2.2 0.9;
+# HunyuanVideo-1.5: no anchor, 0.7)
+NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, "qwen_image": 1.0, "wan22": 0.9, "hunyuan15": 0.7,
+               **new.NOISE_LEVEL}
+CHECKPOINTED = ("wan", "qwen_image", "wan22", "hunyuan15")   # families benched with gradient checkpointing
 WARMUP_STEPS = 2                                       # Qwen-Image's shift_terminal grid needs >= 2 steps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -72,7 +84,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default="sd3,flux,wan,qwen_image",
-                    help="comma-separated subset of sd3, flux, wan, qwen_image, flux2, flux2_klein, zimage")
+                    help="comma-separated subset of " + ", ".join(FAMILIES) + " (wan22, hunyuan15 opt-in)")
     ap.add_argument("--steps", type=int, default=10, help="sampling steps of every rollout")
     ap.add_argument("--scale", choices=("full", "tiny"), default="full", help="tiny: shrunk configs (CPU smoke run)")
     ap.add_argument("--device", default="cuda")
@@ -84,9 +96,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.scale, args.steps = "tiny", 2
-    bad = sorted(set(args.families.split(",")) - set(CONFIGS))
+    bad = sorted(set(args.families.split(",")) - set(FAMILIES))
     if bad:
-        raise SystemExit(f"--families: unknown {bad}; choose from {sorted(CONFIGS)}")
+        raise SystemExit(f"--families: unknown {bad}; choose from {sorted(FAMILIES)}")
     return args
 
 
@@ -107,6 +119,9 @@ def shrink(family: str, cfg: dict) -> dict:
         small.update(num_single_layers=2, joint_attention_dim=64, pooled_projection_dim=32, axes_dims_rope=[4, 6, 6])
     elif family == "qwen_image":
         small.update(joint_attention_dim=64, axes_dims_rope=[4, 6, 6])
+    elif family == "hunyuan15":
+        small.update(num_refiner_layers=1, text_embed_dim=64, text_embed_2_dim=64, image_embed_dim=32,
+                     rope_axes_dim=[4, 6, 6])
     else:
         small.update(ffn_dim=64, text_dim=64, rope_max_seq_len=64)
     return small
@@ -127,43 +142,6 @@ def build_transformer(cfg: dict, device, dtype: torch.dtype, seed: int = 0) -> t
     return model.eval().requires_grad_(False)
 
 
-def _clip(width: int, projection: bool):
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    cfg = CLIPTextConfig(vocab_size=1000, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1,
-                         num_attention_heads=4, projection_dim=width, bos_token_id=0, eos_token_id=2, pad_token_id=1,
-                         max_position_embeddings=77, hidden_act="gelu")
-    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
-
-
-def _t5(width: int, umt5: bool = False):
-    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
-
-    kw = {"d_model": width, "d_kv": 16, "num_heads": 4, "d_ff": 64, "num_layers": 1, "num_decoder_layers": 1,
-          "relative_attention_num_buckets": 8, "vocab_size": 1103, "pad_token_id": 0, "eos_token_id": 1,
-          "decoder_start_token_id": 0}
-    return UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))
-
-
-def _vae(family: str):
-    from diffusers import AutoencoderKL
-
-    if family == "qwen_image":     # the Qwen-Image VAE's layout (16 channels, ×8 space) at width 8
-        from diffusers import AutoencoderKLQwenImage
-
-        return AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                                      temperal_downsample=[False, True, True])
-    if family == "wan":
-        from flowrl.distill.components import tiny_vae
-
-        return tiny_vae(0)
-    scale, shift = VAE_SCALING[family]
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8,) * 4, layers_per_block=1,
-                         latent_channels=16, norm_num_groups=8, use_quant_conv=False, use_post_quant_conv=False,
-                         scaling_factor=scale, shift_factor=shift)
-
-
 def components(family: str, transformer, dtype: torch.dtype, device=None) -> dict:
     """Pipeline components around ``transformer``: tiny random text encoders with the widths it reads, a tiny
     VAE with the real latent factors (×8 space, Wan ×4 time), the family's flow-match scheduler; text encoders and
@@ -178,12 +156,14 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
     torch.manual_seed(1)
     if family == "sd3":   # CLIP-L + CLIP-G widths split the pooled width 3:5 (768 + 1280 = 2048)
         a = c.pooled_projection_dim * 3 // 8
-        text = {"text_encoder": _clip(a, True), "text_encoder_2": _clip(c.pooled_projection_dim - a, True),
-                "text_encoder_3": _t5(c.joint_attention_dim), "tokenizer": clip_tokenizer(),
+        text = {"text_encoder": clip_encoder(a, True),
+                "text_encoder_2": clip_encoder(c.pooled_projection_dim - a, True),
+                "text_encoder_3": t5_encoder(c.joint_attention_dim), "tokenizer": clip_tokenizer(),
                 "tokenizer_2": clip_tokenizer(), "tokenizer_3": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     elif family == "flux":
-        text = {"text_encoder": _clip(c.pooled_projection_dim, False), "text_encoder_2": _t5(c.joint_attention_dim),
+        text = {"text_encoder": clip_encoder(c.pooled_projection_dim, False),
+                "text_encoder_2": t5_encoder(c.joint_attention_dim),
                 "tokenizer": clip_tokenizer(), "tokenizer_2": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
                                                     max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
@@ -193,14 +173,19 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
         tok = qwen_tokenizer()
         text = {"text_encoder": qwen_vl_text_encoder(tok, width=c.joint_attention_dim, layers=1), "tokenizer": tok}
         scheduler = qwen_scheduler()
-    else:                 # Wan2.1 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
-        text = {"text_encoder": _t5(c.text_dim, umt5=True), "tokenizer": t5_tokenizer()}
+    elif family == "hunyuan15":      # Qwen2.5-VL text (2 layers: the pipeline reads hidden state −3) + ByT5 widths
+        text, scheduler = hunyuan_text(c), FlowMatchEulerDiscreteScheduler(shift=5.0)
+    else:                 # Wan 480p: flow_shift 3.0 as the flow-match Euler shift (flowrl.policies.wan)
+        text = {"text_encoder": t5_encoder(c.text_dim, umt5=True), "tokenizer": t5_tokenizer()}
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+        if family == "wan22":        # the low-noise expert: the same config, its own random weights
+            cfg2 = {**dict(c), "_class_name": type(transformer).__name__}
+            text["transformer_2"] = build_transformer(cfg2, transformer.device, transformer.dtype, seed=1)
     device = transformer.device if device is None else device
     for k, m in text.items():
-        if isinstance(m, torch.nn.Module):
+        if isinstance(m, torch.nn.Module) and k != "transformer_2":
             text[k] = m.to(device, dtype).eval().requires_grad_(False)
-    return {"transformer": transformer, "vae": _vae(family).to(device).eval(), "scheduler": scheduler, **text}
+    return {"transformer": transformer, "vae": family_vae(family).to(device).eval(), "scheduler": scheduler, **text}
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -251,6 +236,9 @@ def pipeline_call(family, pipe, x, steps, geometry, seq_len, policy=None):
                                                                "negative_prompt": [" "] * x.shape[0]}
         out = pipe(latents=pack_latents(x), height=h, width=w, **cfg, **kw).images
         return unpack_latents(out, x.shape[-2], x.shape[-1])
+    if family == "hunyuan15":        # CFG through the pipeline's guider (6.0, set in components)
+        return pipe(prompt=kw["prompt"], latents=x.clone(), num_inference_steps=steps, height=h, width=w,
+                    num_frames=frames, output_type="latent").frames
     return pipe(latents=x.clone(), height=h, width=w, num_frames=frames, guidance_scale=5.0, **kw).frames
 
 
@@ -310,9 +298,11 @@ def bench_family(family: str, args) -> dict:
     transformer, built = timed(device, lambda: build_transformer(cfg, device, dtype))
     n_params = sum(p.numel() for p in transformer.parameters())     # before LoRA is added
     cls = POLICIES.get(family)
+    short = {"max_sequence_length": 300} if family == "hunyuan15" and args.scale == "tiny" else {}   # CPU smoke
     config = (new.bench_config(cls, family) if family in new.CONFIGS    # Wan video / Qwen 20B activations
-              else cls.config_class(gradient_checkpointing=family in CHECKPOINTED))
-    policy = cls(components(family, transformer, dtype), config, device, dtype)   # adds "train"/"old" LoRA
+              else cls.config_class(gradient_checkpointing=family in CHECKPOINTED, **short))
+    flags = {"boundary_ratio": 0.875} if family == "wan22" else {}        # Wan2.2-T2V-A14B's model_index value
+    policy = cls(components(family, transformer, dtype), config, device, dtype, **flags)   # adds "train"/"old" LoRA
     pipe, seq_len = policy.pipe, config.max_sequence_length         # the stock pipeline on the same components
     pipe.set_progress_bar_config(disable=True)
     rec = {"params_b": round(n_params / 1e9, 3), "build_s": built["s"], "height": h, "width": w, "frames": frames,
