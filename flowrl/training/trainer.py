@@ -59,10 +59,19 @@ class Trainer:
         self.policy, self.state = p.policy, LoopState()
         self.policy.copy_adapter("train", "old")
         t, seed = cfg.train, cfg.run.seed
-        self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
-                                    seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
-                                    chunk=cfg.sampler.chunk, negative_prompt=cfg.data.negative_prompt,
-                                    store_trajectory=p.objective.TRAINS_ON.stores_trajectory, rewards=p.rewards)
+        self.offline = p.objective.TRAINS_ON.offline          # rows from the objective's dataset, not a rollout
+        if self.offline:
+            from flowrl.training.offline import OfflineStage
+
+            self.rollout = OfflineStage(p.policy, p.objective.TRAINS_ON, cfg.sampler, self.dist, seed=seed,
+                                        rows_per_iter=t.prompts_per_iter * t.group_size,
+                                        negative_prompt=cfg.data.negative_prompt)
+        else:
+            self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
+                                        seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
+                                        chunk=cfg.sampler.chunk, negative_prompt=cfg.data.negative_prompt,
+                                        store_trajectory=p.objective.TRAINS_ON.stores_trajectory,
+                                        rewards=p.rewards)
         weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
         self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,
                                          p.objective_cfg, p.balancer_state, prompts_per_iter=t.prompts_per_iter,
@@ -148,6 +157,9 @@ class Trainer:
         p = self.parts
         samples = self.rollout.run(it)
         self.state.rollout_nfe += samples.rollout_nfe
+        if self.offline:
+            rows, row_adv = samples.training_rows(samples.labels)        # the dataset's labels are the advantages
+            return self.finish_iteration(rows, row_adv, dict(samples.metrics), True, it)
         scores = score_samples(p.rewards, self.dist, samples)
         context = self.advantage_context(scores, samples)
         adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it,
@@ -156,8 +168,13 @@ class Trainer:
         samples.extras = {k: v[local] for k, v in context.extras.items()}
         rows, row_adv = samples.training_rows(adv[local])
         metrics = {**scores.metrics, **adv_metrics, **samples.metrics}
+        return self.finish_iteration(rows, row_adv, metrics, self.update_allowed(scores, adv, metrics), it)
+
+    def finish_iteration(self, rows, row_adv: Tensor, metrics: dict, allowed: bool, it: int) -> dict:
+        """The update (when ``allowed``), the objective's hook and the old-weights step of iteration ``it``."""
+        p = self.parts
         stats = UpdateStats()
-        if self.update_allowed(scores, adv, metrics):
+        if allowed:
             stats = self.updater.run(rows, row_adv, torch.isfinite(row_adv), it, self.state.global_step)
         metrics.update(stats.as_metrics())
         self.record_steps(stats)
@@ -170,7 +187,8 @@ class Trainer:
         """What the objective's advantage mapping may look at besides the balancer's output."""
         R = torch.where(torch.isinf(scores.R), torch.full_like(scores.R, float("nan")), scores.R)
         return AdvantageContext(R, self.advantages.weights, scores.names,
-                                lambda: self.dist.gather(samples.pixels.float()), self.parts.objective_state)
+                                lambda: self.dist.gather(samples.pixels.float()), self.parts.objective_state,
+                                meta=lambda: self.dist.gather_objects(samples.meta))
 
     def update_allowed(self, scores, adv: Tensor, metrics: dict) -> bool:
         """±inf rewards count as NaN (the advantage stage maps them; a sample no other reward applies to is left
