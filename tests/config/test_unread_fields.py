@@ -85,6 +85,8 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
     if "teachers" in getattr(cfg.objective.config, "__dataclass_fields__", {}):   # distillation teachers are
         ov.append("objective.teachers={" + ", ".join(f"{n}: base" for n in cfg.objective.config.teachers) + "}")
         # trained checkpoints of the real-size model; the tiny run distils from its frozen base
+    if getattr(cfg.objective.config, "pairs", None) == "all_pairs":   # a tiny random model scores every sample
+        ov.append("objective.pairs=best_worst")      # alike: all_pairs has no strict pair, best_worst still pairs
     if cfg.policy.kind != "toy":
         ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}")
     if cfg.policy.kind == "wan":                      # learned rewards need downloads: an offline stand-in
