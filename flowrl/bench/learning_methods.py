@@ -60,7 +60,7 @@ def offline_dataset(name: str, recipe: Path, run_dir: str | Path, iterations: in
     made = make_preferences(recipe, out, prompts=prompts, candidates=CANDIDATES, seed=DATA_SEED,
                             overrides=list(overrides), pairs=pairs)
     made["made_s"] = round(time.perf_counter() - t0, 1)
-    made["manifest"] = rel(made["manifest"])
+    made["manifest"] = str(Path("<run-dir>") / out.relative_to(run_dir) / Path(made["manifest"]).name)
     info.write_text(json.dumps(made))
     return str(out), made
 
