@@ -11,6 +11,8 @@ Optional parts are explicit, never sniffed: either the loop always calls a hook 
 objective's ``prepare_advantages`` / ``end_iteration``, filled in by ``get_objective``; ``ScoutBase.resume`` /
 ``refresh``), or the plugin declares a capability flag that the core reads:
 
+    SampleSource.together             rows sharing ``extras[together]`` stay in one micro-batch (DPO's pairs)
+    SampleSource.offline              the rows come from the source's dataset: no rollout, reward or advantage stage
     Balancer.needs_reward_gradients   the balancer calls ``services.reward_gram`` (module: NEEDS_REWARD_GRADIENTS)
     Scout.resumable                   ``resume(rows)`` replays the recorded prefix of the kept candidates
     Scout.copies_transformer          the scout holds a copy of the whole transformer (refused under FSDP)
@@ -44,12 +46,17 @@ class SampleSource(Protocol):
     """An objective's ``TRAINS_ON``: which samples it trains on (``flowrl.objectives.sources``)."""
 
     stores_trajectory: bool               # the rollout must store its SDE steps
+    together: str | None                  # an extras key: rows with equal values share a micro-batch (DPO groups)
+    offline: bool                         # rows come from ``records`` (a dataset), not from a rollout
 
     def check_kernel(self, objective: str, kernel: Any) -> None:
         """Raise when the rollout kernel cannot produce these samples (stored steps need a stochastic one)."""
 
     def batches(self, rollout: Any, adv: Tensor, generator: torch.Generator, cfg: Any) -> list:
         """The ``TrainBatch``es of one micro-batch of rollouts (``sources.Rollout``)."""
+
+    # an offline source (``offline`` True) also defines ``records(policy) -> OfflineRecords`` and ``rows_per_record``
+    # (flowrl.training.offline reads them; flowrl.objectives.offline defines the one shipped)
 
 
 @runtime_checkable

@@ -74,6 +74,9 @@ def objective_fits_kernel(cfg, source: Source | None) -> None:
         spec.TRAINS_ON.check_kernel(cfg.objective.kind, KERNELS.get(cfg.sampler.kernel.kind))
     except ValueError as e:
         raise config_error(str(e), "sampler.kernel.kind", source) from None
+    if cfg.train.async_rewards and spec.TRAINS_ON.offline:
+        raise config_error(f"train.async_rewards scores rollouts, but objective {cfg.objective.kind!r} trains on "
+                           "its dataset without rewards: set train.async_rewards=false", "train.async_rewards", source)
 
 
 def accelerator_fits_objective(cfg, source: Source | None) -> None:

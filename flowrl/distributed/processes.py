@@ -96,6 +96,14 @@ class Dist:
             return t
         return self.accelerator.gather(t.to(self.device).contiguous()).to(t.device)
 
+    def gather_objects(self, items: list) -> list:
+        """Concatenate per-process lists of picklable objects (prompt metadata), in rank order."""
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return list(gather_object(list(items)))
+
     def mean(self, t: Tensor) -> Tensor:
         """Average a tensor across processes (for logged metrics)."""
         if self.world == 1:

@@ -31,6 +31,9 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
     awm         AWM, advantage-weighted matching (on-policy limit of the rectified regression)
     normguard   NormGuard hinge on velocity-norm growth over the base, wrapped around any of the above
     gardo       GARDO: KL to a refreshable reference on the uncertain samples only, diversity-aware advantages
+    dpo         Diffusion-DPO (flow form): pairs from each rollout group, or an offline preference dataset
+    sft         SFT / RAFT: the flow-matching loss on each group's top-k, or on a fixed image dataset
+    opd         on-policy distillation (DiffusionOPD / Flow-OPD): per-step Gaussian KL to frozen teachers, routed
 
 nft, awr and awm share ``regression.rectified_regression`` (one rectified target); grpo_guard and dppo share grpo's
 stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
@@ -58,6 +61,9 @@ OBJECTIVES = Registry(
         "dppo": "flowrl.objectives.dppo:loss",
         "normguard": "flowrl.objectives.normguard:loss",
         "gardo": "flowrl.objectives.gardo:loss",
+        "dpo": "flowrl.objectives.dpo:loss",
+        "sft": "flowrl.objectives.sft:loss",
+        "opd": "flowrl.objectives.opd:loss",
     },
     entry_point_group="flowrl.objectives",
 )

@@ -21,3 +21,4 @@ class AdvantageContext:
     images: Callable[[], Tensor]          # () → (N, ...) every process's decoded samples, gathered on demand
     state: dict                           # the objective's own checkpointed state
     extras: dict[str, Tensor] = field(default_factory=dict)   # per-sample (N,) values for the TrainBatches
+    meta: Callable[[], list[dict]] | None = None   # () → every process's prompt metadata (OPD's teacher routing)

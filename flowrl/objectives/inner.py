@@ -51,6 +51,14 @@ class InnerSource:
     def stores_trajectory(self) -> bool:
         return self.source.stores_trajectory
 
+    @property
+    def together(self) -> str | None:
+        return self.source.together
+
+    @property
+    def offline(self) -> bool:
+        return self.source.offline
+
     def check_kernel(self, objective: str, kernel: Any) -> None:
         self.source.check_kernel(objective, kernel)
 
@@ -63,6 +71,8 @@ class DeferredInnerSource:
     """The source when the spec was built without a Config (module docstring): resolved at every batch."""
 
     stores_trajectory: bool = True
+    together: str | None = None          # wrapping a paired or offline objective needs its Config (trains_on)
+    offline: bool = False
 
     def check_kernel(self, objective: str, kernel: Any) -> None:
         """Checked against the inner source when the first batch is built (the inner objective is not known yet)."""

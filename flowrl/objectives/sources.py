@@ -9,6 +9,12 @@ calls ``TRAINS_ON.batches(...)`` and never asks which kind it is:
 - ``FORWARD_PROCESS`` — the rollout's clean latents x0, noised afresh at training σ's picked by the objective's
   own ``timesteps`` sampler (DiffusionNFT / AWR / AWM, ``train_nft_sd3.py`` L795–816): one ``TrainBatch`` per σ column
   (DiffusionNFT's per-timestep backward). Any kernel may sample.
+
+Two capabilities every source declares, read by the loop (``flowrl.contracts.SampleSource``):
+``together`` — None, or the ``extras`` key whose equal values must share one micro-batch (Diffusion-DPO's prompt
+groups, so a pair is never split: ``flowrl.objectives.pairs``); ``offline`` — False, or True when the source
+supplies the iteration's rows itself from a dataset (``records``; no rollout, no reward, no advantage stage:
+``flowrl.training.offline``).
 """
 from __future__ import annotations
 
@@ -41,6 +47,8 @@ class TrajectoryRows:
     """Train on stored SDE transitions: one TrainBatch per stored step."""
 
     stores_trajectory: bool = True
+    together: str | None = None
+    offline: bool = False
 
     def check_kernel(self, objective: str, kernel: Any) -> None:
         if not kernel.stochastic:
@@ -60,6 +68,8 @@ class ForwardProcess:
     """Train on clean latents noised at σ's from ``cfg.timesteps``: one TrainBatch per σ column."""
 
     stores_trajectory: bool = False
+    together: str | None = None
+    offline: bool = False
 
     def check_kernel(self, objective: str, kernel: Any) -> None:
         """Any kernel can produce the clean samples."""

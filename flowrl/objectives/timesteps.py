@@ -63,6 +63,22 @@ def sigmas_at(sigmas: Tensor, idx: Tensor) -> Tensor:
     return sigmas[idx]
 
 
+def logit_normal(batch: int, generator=None, mean: float = 0.0, std: float = 1.0, lo: float = 0.0,
+                 hi: float = 0.99) -> Tensor:
+    """Continuous σ (B,) float32: raw = sigmoid(mean + std·N(0, 1)) clamped to [0.01, 1 − 1e-6], then
+    σ = 1 − (lo + raw·(hi − lo)) (Flow-Factory ``TimeSampler.logit_normal_shifted``, shift 1, ``timestep_range``
+    0.99 → σ ∈ [0.0199, 1]; verl-omni draws the same logit-normal(0, 1) through diffusers'
+    ``compute_density_for_timestep_sampling``). ``generator`` may be one per row."""
+    if not 0.0 <= lo < hi <= 1.0 or std <= 0:
+        raise ValueError(f"logit-normal timesteps need 0 <= lo < hi <= 1 and std > 0, got lo={lo}, hi={hi}, std={std}")
+    if isinstance(generator, (list, tuple)):
+        z = torch.cat([torch.randn(1, generator=g, device=g.device).cpu() for g in generator])
+    else:
+        z = torch.randn(batch, generator=generator)
+    raw = torch.sigmoid(z * std + mean).clamp(0.01, 1 - 1e-6)
+    return (1 - (lo + raw * (hi - lo))).float()
+
+
 def per_row(draw, generators: list) -> Tensor:
     """Row b of the (B, T) columns from ``draw(generators[b])`` (a (1, T) tensor) alone."""
     return torch.cat([draw(g) for g in generators])

@@ -48,6 +48,7 @@ class Samples:
     metrics: dict = field(default_factory=dict)   # per-iteration figures to log (module docstring)
     extras: dict = field(default_factory=dict)    # per-sample values of the objective's prepare_advantages
     row_offset: int = 0                           # global row index of this process's first sample
+    labels: Tensor | None = None                  # offline rows: their advantages (no reward / advantage stage)
 
     def training_rows(self, adv: Tensor) -> tuple[Samples, Tensor]:
         """What the update trains on and each row's advantage, given this process's per-sample advantages: the

@@ -60,10 +60,19 @@ class Trainer:
         self.policy, self.state = p.policy, LoopState()
         self.policy.copy_adapter("train", "old")
         t, seed = cfg.train, cfg.run.seed
-        self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
-                                    seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
-                                    chunk=cfg.sampler.chunk, negative_prompt=cfg.data.negative_prompt,
-                                    store_trajectory=p.objective.TRAINS_ON.stores_trajectory, rewards=p.rewards)
+        self.offline = p.objective.TRAINS_ON.offline          # rows from the objective's dataset, not a rollout
+        if self.offline:
+            from flowrl.training.offline import OfflineStage
+
+            self.rollout = OfflineStage(p.policy, p.objective.TRAINS_ON, cfg.sampler, self.dist, seed=seed,
+                                        rows_per_iter=t.prompts_per_iter * t.group_size,
+                                        negative_prompt=cfg.data.negative_prompt)
+        else:
+            self.rollout = RolloutStage(p.policy, cfg.sampler, p.kernel, p.window, p.train_prompts, self.dist,
+                                        seed=seed, prompts_per_iter=t.prompts_per_iter, group_size=t.group_size,
+                                        chunk=cfg.sampler.chunk, negative_prompt=cfg.data.negative_prompt,
+                                        store_trajectory=p.objective.TRAINS_ON.stores_trajectory,
+                                        rewards=p.rewards)
         weights = torch.tensor([spec.weight for spec in cfg.rewards.values()], dtype=torch.float32)
         self.advantages = AdvantageStage(p.balancer, cfg.advantage.balancer.config, weights, p.objective,
                                          p.objective_cfg, p.balancer_state, prompts_per_iter=t.prompts_per_iter,
@@ -151,10 +160,15 @@ class Trainer:
 
     def iteration(self, it: int) -> dict:
         """One rollout → reward → advantage → update → old-weights step; returns its metrics."""
-        p = self.parts
+        if self.offline:                                    # a dataset source: no rewards; labels are advantages
+            t0 = time.perf_counter()
+            samples = self.rollout.run(it)
+            self.state.rollout_nfe += samples.rollout_nfe
+            rows, row_adv = samples.training_rows(samples.labels)
+            times = {"time/rollout_s": time.perf_counter() - t0}
+            return self.finish_iteration(rows, row_adv, dict(samples.metrics), True, it, times)
         samples, scores, times = self.sample_and_score(it)
         self.state.rollout_nfe += samples.rollout_nfe
-        t0 = time.perf_counter()
         context = self.advantage_context(scores, samples)
         adv, adv_metrics = self.advantages.run(scores.R, RewardGradients(self.updater, samples, it), iteration=it,
                                                context=context)
@@ -162,8 +176,15 @@ class Trainer:
         samples.extras = {k: v[local] for k, v in context.extras.items()}
         rows, row_adv = samples.training_rows(adv[local])
         metrics = {**scores.metrics, **adv_metrics, **samples.metrics}
+        return self.finish_iteration(rows, row_adv, metrics, self.update_allowed(scores, adv, metrics), it, times)
+
+    def finish_iteration(self, rows, row_adv: Tensor, metrics: dict, allowed: bool, it: int, times: dict) -> dict:
+        """The update (when ``allowed``), the objective's hook and the old-weights step of iteration ``it``; the
+        metrics with the stage times (``times`` and ``time/update_s``)."""
+        p = self.parts
+        t0 = time.perf_counter()
         stats = UpdateStats()
-        if self.update_allowed(scores, adv, metrics):
+        if allowed:
             stats = self.updater.run(rows, row_adv, torch.isfinite(row_adv), it, self.state.global_step)
         metrics.update(stats.as_metrics())
         self.record_steps(stats)
@@ -195,7 +216,8 @@ class Trainer:
         """What the objective's advantage mapping may look at besides the balancer's output."""
         R = torch.where(torch.isinf(scores.R), torch.full_like(scores.R, float("nan")), scores.R)
         return AdvantageContext(R, self.advantages.weights, scores.names,
-                                lambda: self.dist.gather(samples.pixels.float()), self.parts.objective_state)
+                                lambda: self.dist.gather(samples.pixels.float()), self.parts.objective_state,
+                                meta=lambda: self.dist.gather_objects(samples.meta))
 
     def update_allowed(self, scores, adv: Tensor, metrics: dict) -> bool:
         """±inf rewards count as NaN (the advantage stage maps them; a sample no other reward applies to is left

@@ -1,7 +1,8 @@
 """The update stage: K epochs × U optimizer steps × micro-batches on one iteration's samples.
 
 For epoch e the samples with a finite advantage are permuted by a generator seeded from (seed, iteration, e),
-split into ``train.updates_per_epoch`` equal chunks, and each chunk into micro-batches of ``train.micro_batch``;
+split into ``train.updates_per_epoch`` equal chunks, and each chunk into micro-batches of ``train.micro_batch``
+(of whole units when the objective's source keeps rows ``together``: a Diffusion-DPO group never splits);
 the objective's sample source turns a micro-batch into its TrainBatches (one per stored step or training σ):
 
     g = Σ_mb Σ_batch (|mb| / |chunk|)·∇ loss(batch) / #batches      (gradient accumulation: the chunk-mean loss)
@@ -78,27 +79,31 @@ class Updater:
         stats = UpdateStats()
         idx = torch.nonzero(keep).flatten()
         stats.add({"skip/samples_dropped": float((~keep).sum())})
+        together = self.objective.TRAINS_ON.together
+        units = unit_rows(idx, None if together is None else samples.extras[together][idx])
         for epoch in range(self.t.inner_epochs):
-            perm = idx[torch.randperm(idx.numel(), generator=update_generator(self.seed, iteration, epoch))]
-            for u, chunk in enumerate(perm.tensor_split(self.t.updates_per_epoch)):
-                self.step(samples, adv, chunk, (self.seed, iteration, epoch, u), stats, global_step)
+            order = torch.randperm(len(units), generator=update_generator(self.seed, iteration, epoch))
+            perm = [units[int(i)] for i in order]
+            for u, part in enumerate(split_units(perm, self.t.updates_per_epoch)):
+                self.step(samples, adv, pack(part, self.t.micro_batch), (self.seed, iteration, epoch, u), stats,
+                          global_step)
         return stats
 
-    def accumulate(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats) -> list[str]:
-        """Backward every micro-batch of ``chunk``; the names of non-finite loss terms (empty when all finite).
+    def accumulate(self, samples, adv: Tensor, mbs: list[Tensor], key: tuple, stats: UpdateStats) -> list[str]:
+        """Backward every micro-batch ``mbs`` of one chunk; the names of non-finite loss terms (empty when all finite).
 
         Unsharded it stops at the first non-finite loss. Sharded, each forward and backward is a collective, so
         every process makes the same number of passes (``passes``): its micro-batches, then zero-weight passes on
         its first row with advantage 0 where another process has more (samples left out unevenly), and after a
         non-finite loss it goes on with zero weight (the step is then skipped on every process)."""
-        mbs = list(chunk.split(self.t.micro_batch))
+        rows = sum(mb.numel() for mb in mbs)
         passes, bad = self.passes(len(mbs)), []
         for m in range(passes):
             real = m < len(mbs)
             mb = mbs[m] if real else torch.zeros(1, dtype=torch.long)
             batches = self.train_batches(samples, adv if real else torch.zeros_like(adv), mb,
                                          update_generator(*key))
-            weight = mb.numel() / chunk.numel() / len(batches) if real else 0.0
+            weight = mb.numel() / rows / len(batches) if real else 0.0
             for j, batch in enumerate(batches):
                 bad = self.backward_pass(batch, weight, bad, m == passes - 1 and j == len(batches) - 1, stats)
                 if bad and not self.dist.sharded:
@@ -129,10 +134,11 @@ class Updater:
             return micro_batches
         return int(self.dist.gather(torch.tensor([micro_batches])).max())
 
-    def step(self, samples, adv: Tensor, chunk: Tensor, key: tuple, stats: UpdateStats, global_step: int) -> None:
-        """Accumulate the chunk's gradients and take one optimizer step (or skip it on every process)."""
+    def step(self, samples, adv: Tensor, mbs: list[Tensor], key: tuple, stats: UpdateStats, global_step: int) -> None:
+        """Accumulate the gradients of one chunk's micro-batches and take one optimizer step (or skip it on every
+        process)."""
         self.optimizer.zero_grad(set_to_none=True)
-        bad = self.accumulate(samples, adv, chunk, key, stats)
+        bad = self.accumulate(samples, adv, mbs, key, stats)
         any_bad = bool(self.dist.sum(torch.tensor(float(bool(bad)))) > 0)
         if not any_bad:
             self.dist.average_gradients(self.params)
@@ -151,6 +157,44 @@ class Updater:
         if self.ema is not None:
             self.ema.update(global_step + stats.steps)
         stats.steps += 1
+
+
+def unit_rows(idx: Tensor, keys: Tensor | None) -> list[Tensor]:
+    """The rows ``idx`` as units that must share a micro-batch: one row each, or (``keys``: the source's
+    ``together`` extras of the same rows) the rows of each key value, in order of first appearance."""
+    if keys is None:
+        return [idx[i:i + 1] for i in range(idx.numel())]
+    units: dict = {}
+    for row, k in zip(idx.tolist(), keys.tolist()):
+        units.setdefault(k, []).append(row)
+    return [torch.tensor(rows, dtype=torch.long) for rows in units.values()]
+
+
+def split_units(units: list[Tensor], parts: int) -> list[list[Tensor]]:
+    """``units`` in ``parts`` consecutive chunks sized as ``tensor_split`` sizes them (the first n mod parts one
+    longer; empty ones kept, each still an optimizer step)."""
+    q, extra = divmod(len(units), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + q + (i < extra)
+        out.append(units[start:end])
+        start = end
+    return out
+
+
+def pack(units: list[Tensor], micro_batch: int) -> list[Tensor]:
+    """Micro-batches of whole units, each at most ``micro_batch`` rows unless one unit alone is larger. With
+    one-row units this is ``cat(units).split(micro_batch)``."""
+    out, cur, size = [], [], 0
+    for u in units:
+        if cur and size + u.numel() > micro_batch:
+            out.append(torch.cat(cur))
+            cur, size = [], 0
+        cur.append(u)
+        size += u.numel()
+    if cur:
+        out.append(torch.cat(cur))
+    return out
 
 
 def gram_rows(A: Tensor, size: int) -> Tensor:

@@ -35,6 +35,11 @@ CONDITIONAL = [
     ("objective.kl_form", lambda c: c.objective.config.beta_kl > 0, "the KL form matters only with β_KL > 0"),
     ("objective.inner.kl_form", lambda c: getattr(c.objective.config.inner.config, "beta_kl", 0) > 0,
      "a wrapped objective's KL form matters only with β_KL > 0"),
+    *[(pre, lambda c: not _offline(c), "an offline objective trains on its dataset: no rollout, no advantage stage")
+      for pre in ("advantage.", "sampler.chunk", "sampler.log_prob_reduce", "objective.pair_by",
+                  "sampler.correction")],
+    ("objective.route_by", lambda c: len(getattr(c.objective.config, "teachers", {})) > 1,
+     "routing by prompt metadata matters only with several teachers"),
     ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
     ("dist.reshard_after_forward", lambda c: c.dist.fsdp,
      "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
@@ -63,6 +68,12 @@ FAMILY_OVERRIDES = {
 VIDEO = ("wan", "wan22", "hunyuan15")
 
 
+def _offline(cfg) -> bool:
+    from flowrl.objectives import get_objective
+
+    return get_objective(cfg.objective.kind, cfg.objective.config).TRAINS_ON.offline
+
+
 def _kernel(cfg):
     from samplers import KERNELS
 
@@ -86,6 +97,11 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
         ov.append("sampler.pool.candidates=4")
         if cfg.sampler.pool.scout.kind == "fp4":       # tiny layers are below the real-size eligibility floor
             ov.append("sampler.pool.scout.min_dim=0")
+    if "teachers" in getattr(cfg.objective.config, "__dataclass_fields__", {}):   # distillation teachers are
+        ov.append("objective.teachers={" + ", ".join(f"{n}: base" for n in cfg.objective.config.teachers) + "}")
+        # trained checkpoints of the real-size model; the tiny run distils from its frozen base
+    if getattr(cfg.objective.config, "pairs", None) == "all_pairs":   # a tiny random model scores every sample
+        ov.append("objective.pairs=best_worst")      # alike: all_pairs has no strict pair, best_worst still pairs
     if cfg.policy.kind != "toy":
         ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}")
     if cfg.policy.kind in VIDEO:                      # learned rewards need downloads: an offline stand-in

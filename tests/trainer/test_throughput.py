@@ -146,3 +146,11 @@ def test_compiled_velocity_matches_eager(tmp_path):
         except Exception as e:                                          # inductor unavailable here
             pytest.skip(f"torch.compile failed on this machine: {type(e).__name__}: {str(e)[:120]}")
     assert (compiled - eager).abs().max().item() <= 1e-5
+
+
+def test_async_rewards_refused_for_an_offline_objective():
+    """Offline DPO trains on its dataset without rewards: async scoring has nothing to overlap."""
+    with pytest.raises(ConfigError) as e:
+        recipe = Path(__file__).resolve().parents[2] / "configs/toy/dpo_offline.yaml"
+        load_config(str(recipe), ["train.async_rewards=true"])
+    assert "\n" not in str(e.value) and "train.async_rewards" in str(e.value) and "dpo" in str(e.value)

@@ -20,6 +20,12 @@ rollout NFEs ÷ the NFEs at which NFT's mean strict curve first reaches GRPO's f
 between evaluations; null when never reached, or reached before training). ``--plot`` writes
 ``<out stem>_strict.png`` and ``<out stem>_partial.png`` next to the JSON (mean ± SE bands against rollout NFEs).
 ``--quick``: 2 iterations, seed 0, 10 prompts × 2 eval seeds, evaluations every iteration (a check that it runs).
+
+Offline methods (``dpo_offline``) train on a dataset made first at the online rollout budget, counted as their
+rollout NFEs; distillation methods (``opd``) distil seed by seed from ``--teacher`` (trained first when not listed)
+for ``--distill-iterations`` (default half the others'),
+with ``opd_gain_share`` / ``opd_nfe_ratio`` at the top level (``learning_methods``). ``--carry`` copies methods of
+earlier result files not rerun; ``table`` holds one markdown row per method (also printed).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import sys
 from pathlib import Path
 
 from flowrl.bench import learning_lib
+from flowrl.bench import learning_methods as lm
 from flowrl.bench.paths import REPO, rel
 
 QUICK = {"iterations": 2, "eval_every": 1, "seeds": "0", "eval_prompts": 10, "eval_seeds": "0,1"}
@@ -62,6 +69,11 @@ def parse(argv):
     ap.add_argument("--out", default=None, help="also write the result JSON to this file")
     ap.add_argument("--plot", action="store_true", help="PNG curves next to --out (else in --run-dir)")
     ap.add_argument("--quick", action="store_true", help="a tiny end-to-end check (about a minute)")
+    ap.add_argument("--teacher", default="grpo", help="the method a distillation recipe (opd) distils from")
+    ap.add_argument("--distill-iterations", type=int, default=0,
+                    help="iterations of a distillation recipe (0: half of --iterations, i.e. half the teacher's NFEs)")
+    ap.add_argument("--carry", default="", help="comma-separated earlier result JSONs: their methods not rerun "
+                                                 "are copied into this result (marked carried_from)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args(argv)
     if args.quick:
@@ -147,12 +159,26 @@ def main(argv: list[str]) -> dict:
     lib.CACHE.directory = Path(args.run_dir) / "before_cache"
     seeds, eval_seeds = int_list(args.seeds, "--seeds"), int_list(args.eval_seeds, "--eval-seeds")
     runs: dict[str, list[dict]] = {}
-    for name, recipe in methods_of(args, lib).items():
+    methods, datasets, students = methods_of(args, lib), {}, []
+    for name, recipe in list(methods.items()):
+        if lm.is_distilled(recipe, args.overrides):
+            students.append(name)
+            if args.teacher not in methods:                  # the teacher's runs come first
+                methods = {args.teacher: lib.recipe_path(args.teacher), **methods}
+    for name, recipe in methods.items():
+        extra = []
+        if lm.is_offline(recipe, args.overrides):
+            folder, datasets[name] = lm.offline_dataset(name, recipe, args.run_dir, args.iterations, args.overrides)
+            extra.append(f"objective.data={folder}")
         for seed in seeds:
+            teach = ([lm.teacher_override(recipe, args.overrides, runs[args.teacher][seeds.index(seed)]["run_dir"])]
+                     if name in students else [])
             print(f"[learning] {name} seed {seed} ...", file=sys.stderr, flush=True)
+            iterations = (args.distill_iterations or max(1, args.iterations // 2)) if name in students else \
+                args.iterations
             runs.setdefault(name, []).append(lib.run_recipe(
-                recipe, seed=seed, iterations=args.iterations, eval_every=args.eval_every, eval_seeds=eval_seeds,
-                out_dir=args.run_dir, name=f"{name}_s{seed}", overrides=args.overrides,
+                recipe, seed=seed, iterations=iterations, eval_every=args.eval_every, eval_seeds=eval_seeds,
+                out_dir=args.run_dir, name=f"{name}_s{seed}", overrides=[*args.overrides, *extra, *teach],
                 eval_prompts=args.eval_prompts or None))
     aggs = {name: lib.aggregate(rs) for name, rs in runs.items()}
     first = next(iter(runs.values()))[0]
@@ -173,10 +199,19 @@ def main(argv: list[str]) -> dict:
             r(lib.nfe_ratio(aggs["grpo"], aggs["nft"], metric), 2) if both else None)
         result[f"nft_nfe_to_grpo_final_gain{suffix}"] = (
             r(lib.nfe_ratio(aggs["grpo"], aggs["nft"], metric, gain=True), 2) if both else None)
+    for name, made in datasets.items():
+        result["methods"][name]["dataset"] = made
+    if students:
+        result.update(lm.distill_figures(result["methods"], students[0], args.teacher))
+    lm.carry(result, [f for f in args.carry.split(",") if f.strip()])
+    result["table"] = lm.table(result["methods"])
+    print("\n".join(result["table"]), file=sys.stderr)
     out = Path(args.out) if args.out else None
     if args.plot:
         stem = out.with_suffix("") if out is not None else Path(args.run_dir) / "learning"
-        result["plots"] = [rel(lib.plot_curves(aggs, f"{stem}_{m}.png", metric=m)) for m in ("strict", "partial")]
+        curves = {**aggs, **{n: {"curve": m["points"]} for n, m in result["methods"].items()
+                             if n not in aggs and m.get("points")}}       # carried methods: their summaries
+        result["plots"] = [rel(lib.plot_curves(curves, f"{stem}_{m}.png", metric=m)) for m in ("strict", "partial")]
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
