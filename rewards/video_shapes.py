@@ -65,7 +65,7 @@ def verify_videos(batch: RewardInput, cfg: Config | None = None) -> dict[str, Te
     tol = verify.Tolerances(**{k: getattr(cfg, k) for k in tol_names})
     metas = metas_of(batch)
     dets = verify.detect_video(batch.pixels, cfg.tau, cfg.min_area)
-    rows = [verify.check_clip(d, m, tol) for d, m in zip(dets, metas)]
+    rows = [verify.check_clip(d, m, tol, batch.pixels.shape[-1]) for d, m in zip(dets, metas)]
     out = {k: torch.tensor([r[k] for r in rows], dtype=torch.float32) for k in rows[0]}
     for s in grammar.SKILLS:
         out[f"skill_{s}"] = torch.tensor([r["strict"] if m["skill"] == s else math.nan

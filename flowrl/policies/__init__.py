@@ -1,4 +1,4 @@
-"""Model policies: one file per family (sd3, flux, wan, toy), LoRA named adapters, EMA.
+"""Model policies: one file per family (sd3, flux, wan, toy, toy_video), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
 (no diffusers / transformers import).
@@ -10,6 +10,7 @@ POLICIES = Registry("policy", {
     "flux": "flowrl.policies.flux:FluxPolicy",
     "wan": "flowrl.policies.wan:WanPolicy",
     "toy": "flowrl.policies.toy:ToyPolicy",
+    "toy_video": "flowrl.policies.toy_video:VideoToyPolicy",
 })
 
 __all__ = ["POLICIES"]

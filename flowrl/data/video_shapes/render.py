@@ -3,7 +3,8 @@ deterministic from a seed (numpy only; shapes drawn with the image world's ``sha
 
 Motion is piecewise linear: an object's box corner moves v px per frame along its direction's axis
 (p_f = round(p_0 + sign·v·f) within a moving phase), v = ``speed_px`` of slow / normal / fast (1 / 2 / 3 px per
-frame at 8 frames). Timelines per skill, with k drawn from [⌈(F−1)/3⌉, ⌊2(F−1)/3⌋]:
+frame at 8 frames of 32 px; travel scales with the frame side). Timelines per skill, with k drawn from
+[⌈(F−1)/3⌉, ⌊2(F−1)/3⌋]:
 
     motion    moves all clip, speed slow | normal | fast at random     speed   moves all clip at the named speed
     bounce    fast towards the wall, reaches it at frame k, comes back  pair    both move all clip, normal speed
@@ -39,7 +40,8 @@ def _mid_frame(rng: np.random.Generator, frames: int) -> int:
     return int(rng.integers(lo, hi + 1))
 
 
-def _timelines(meta: dict, rng: np.random.Generator, frames: int) -> list[tuple[int, np.ndarray, str | None]]:
+def _timelines(meta: dict, rng: np.random.Generator, frames: int, size: int
+               ) -> list[tuple[int, np.ndarray, str | None]]:
     """Per object: (first frame, signed per-step speed (F−1,) along its axis, direction)."""
     skill, objs = meta["skill"], meta["objects"]
     steps = frames - 1
@@ -47,16 +49,16 @@ def _timelines(meta: dict, rng: np.random.Generator, frames: int) -> list[tuple[
     if skill in ("motion", "speed", "pair"):
         for o in objs:
             name = o["speed"] or (["slow", "normal", "fast"][rng.integers(3)] if skill == "motion" else "normal")
-            out.append((0, np.full(steps, speed_px(name, frames)), o["direction"]))
+            out.append((0, np.full(steps, speed_px(name, frames, size)), o["direction"]))
     elif skill == "bounce":
-        k, v = _mid_frame(rng, frames), speed_px("fast", frames)
+        k, v = _mid_frame(rng, frames), speed_px("fast", frames, size)
         out.append((0, np.where(np.arange(steps) < k, v, -v), objs[0]["direction"]))
     elif skill == "order":
-        k, v = _mid_frame(rng, frames), speed_px("fast", frames)
+        k, v = _mid_frame(rng, frames), speed_px("fast", frames, size)
         first = np.arange(steps) < k
         out += [(0, np.where(first, v, 0.0), objs[0]["direction"]), (0, np.where(first, 0.0, v), objs[1]["direction"])]
     elif skill == "appear":
-        out += [(0, np.full(steps, speed_px("normal", frames)), objs[0]["direction"]),
+        out += [(0, np.full(steps, speed_px("normal", frames, size)), objs[0]["direction"]),
                 (_mid_frame(rng, frames), np.zeros(steps), None)]
     elif skill == "sequence":
         k2 = int(rng.integers(1, max(2, frames // 2)))
@@ -106,7 +108,7 @@ def sample_clip(meta: dict, rng: np.random.Generator, frames: int = FRAMES, size
         raise ValueError(f"moving-shapes clips need ≥ 4 frames of ≥ 16 px, got frames={frames}, size={size}")
     for _ in range(MAX_TRIES):
         clip = []
-        for o, (first, speeds, direction) in zip(meta["objects"], _timelines(meta, rng, frames)):
+        for o, (first, speeds, direction) in zip(meta["objects"], _timelines(meta, rng, frames, size)):
             box = int(SIZES[rng.integers(len(SIZES))])
             shade = tuple(float(v) for v in rng.uniform(-SHADE_JITTER, SHADE_JITTER, size=3))
             corners = _corners(first, speeds, direction, box, size, rng, bool(o.get("bounce")))

@@ -120,12 +120,12 @@ def measured_speed(track: Track, direction: str) -> float:
     return float(p[-1] - p[0]) / (len(dets) - 1)
 
 
-def check_speed(track: Track, direction: str, speed: str, frames: int) -> bool:
+def check_speed(track: Track, direction: str, speed: str, frames: int, size: int = 32) -> bool:
     """slow: v ≤ midpoint of slow and normal speed; fast: v ≥ midpoint of normal and fast speed."""
     v = measured_speed(track, direction)
     if speed == "slow":
-        return v <= (speed_px("slow", frames) + speed_px("normal", frames)) / 2
-    return v >= (speed_px("normal", frames) + speed_px("fast", frames)) / 2
+        return v <= (speed_px("slow", frames, size) + speed_px("normal", frames, size)) / 2
+    return v >= (speed_px("normal", frames, size) + speed_px("fast", frames, size)) / 2
 
 
 def check_bounce(track: Track, direction: str, tol: Tolerances) -> bool:
@@ -166,9 +166,10 @@ def check_appear(track_list: list[Track], mover_first: bool) -> bool:
     return all(a < b for a, b in zip(starts, starts[1:])) and (not mover_first or starts[0] == 0)
 
 
-def check_clip(frames_dets: list[list], meta: dict, tol: Tolerances | None = None) -> dict[str, float]:
-    """Every check of one video's per-frame detections against its metadata: the CHECKS (means over objects
-    for per-object checks; NaN = not applicable), "strict" and "partial"."""
+def check_clip(frames_dets: list[list], meta: dict, tol: Tolerances | None = None, size: int = 32
+               ) -> dict[str, float]:
+    """Every check of one video's per-frame detections (frames of side ``size``) against its metadata: the
+    CHECKS (means over objects for per-object checks; NaN = not applicable), "strict" and "partial"."""
     tol = tol or Tolerances()
     objs, skill, n_frames = meta["objects"], meta["skill"], len(frames_dets)
     tr, clean = tracks(frames_dets, [o["color"] for o in objs])
@@ -182,7 +183,7 @@ def check_clip(frames_dets: list[list], meta: dict, tol: Tolerances | None = Non
         elif o.get("direction"):
             res["direction"].append(check_direction(t, o["direction"], tol))
         if o.get("speed"):
-            res["speed"].append(check_speed(t, o["direction"], o["speed"], n_frames))
+            res["speed"].append(check_speed(t, o["direction"], o["speed"], n_frames, size))
         if j in STATIC_SKILLS.get(skill, ()):
             res["static"].append(check_static(t, tol))
     if skill in ("pair", "order"):

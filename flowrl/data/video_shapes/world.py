@@ -21,17 +21,19 @@ PARTICIPLE = {"left": "moving left", "right": "moving right", "up": "rising", "d
 VERB = {"left": "moves left", "right": "moves right", "up": "rises", "down": "falls"}
 SPEEDS: tuple[str, ...] = ("slow", "fast")
 SPEED_ADVERB = {"slow": "slowly", "fast": "quickly"}
-# travel over the whole clip in px: slow / unspecified / fast (1, 2, 3 px per frame at 8 frames)
+# travel over the whole clip in px of a 32-px frame (scaled with the frame): slow / unspecified / fast
+# (1, 2, 3 px per frame at 8 frames)
 TRAVEL = {"slow": 7.0, "normal": 14.0, "fast": 21.0}
 
 SKILLS: tuple[str, ...] = ("motion", "speed", "bounce", "pair", "order", "appear", "sequence")
 
 
-def speed_px(speed: str, frames: int) -> float:
-    """Speed in px per frame of ``speed`` ("slow" | "normal" | "fast") for a clip of ``frames`` frames."""
+def speed_px(speed: str, frames: int, size: int = IMAGE_SIZE) -> float:
+    """Speed in px per frame of ``speed`` ("slow" | "normal" | "fast") for a clip of ``frames`` frames of side
+    ``size``: TRAVEL·size/32 / (frames − 1)."""
     if frames < 4:
         raise ValueError(f"moving-shapes clips need at least 4 frames, got {frames}")
-    return TRAVEL[speed] / (frames - 1)
+    return TRAVEL[speed] * size / IMAGE_SIZE / (frames - 1)
 
 
 def axis_sign(direction: str) -> tuple[int, int]:
