@@ -34,6 +34,7 @@ REWARDS = Registry(
         "shapes_color_only": "rewards.shapes_sets:ColorOnlyReward",
         "shapes_ink_budget": "rewards.shapes_sets:InkBudgetReward",
         "shapes_centering": "rewards.shapes_sets:CenteringReward",
+        "video_shapes": "rewards.video_shapes:VideoShapesVerifier",
     },
     entry_point_group="flowrl.rewards",
 )

@@ -1,5 +1,5 @@
 """Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, wan22, hunyuan15, qwen_image,
-qwen_image_edit[_plus], toy), LoRA named adapters, EMA.
+qwen_image_edit[_plus], toy, toy_video), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
 (no diffusers / transformers import).
@@ -21,6 +21,7 @@ POLICIES = Registry("policy", {
     "wan22_ti2v": "flowrl.policies.wan22:Wan22TI2VPolicy",
     "hunyuan15": "flowrl.policies.hunyuan15:HunyuanVideo15Policy",
     "toy": "flowrl.policies.toy:ToyPolicy",
+    "toy_video": "flowrl.policies.toy_video:VideoToyPolicy",
 })
 
 __all__ = ["POLICIES"]

@@ -36,9 +36,9 @@ def default_asset_dir() -> Path:
     return Path(str(resources.files("flowrl") / "assets" / "toy"))
 
 
-def build_tokenizer(words: list[str] | None = None):
+def build_tokenizer(words: list[str] | None = None, max_tokens: int = MAX_TOKENS):
     """Word-level tokenizer over the grammar's vocabulary: lowercase, split on whitespace/punctuation,
-    ``<bos> words <eos>`` padded with ``<pad>`` (and truncated) to MAX_TOKENS; unknown words → ``<unk>``."""
+    ``<bos> words <eos>`` padded with ``<pad>`` (and truncated) to ``max_tokens``; unknown words → ``<unk>``."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
     if words is None:
@@ -53,8 +53,8 @@ def build_tokenizer(words: list[str] | None = None):
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A <eos>",
         special_tokens=[("<bos>", SPECIAL_TOKENS["<bos>"]), ("<eos>", SPECIAL_TOKENS["<eos>"])])
-    tok.enable_truncation(MAX_TOKENS)
-    tok.enable_padding(pad_id=SPECIAL_TOKENS["<pad>"], pad_token="<pad>", length=MAX_TOKENS)
+    tok.enable_truncation(max_tokens)
+    tok.enable_padding(pad_id=SPECIAL_TOKENS["<pad>"], pad_token="<pad>", length=max_tokens)
     return tok
 
 
