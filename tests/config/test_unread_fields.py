@@ -62,10 +62,12 @@ FAMILY_OVERRIDES = {
                              "sampler.width=16"],
     "wan22": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5",
               "sampler.steps=4", "policy.train_experts=[transformer, transformer_2]"],   # both experts run
+    "wan22_i2v": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5",
+                  "sampler.steps=4", "sampler.eval_steps=2"],
     "hunyuan15": ["policy.max_sequence_length=300", "sampler.height=8", "sampler.width=8", "sampler.num_frames=5",
                   "sampler.steps=2"],
 }
-VIDEO = ("wan", "wan22", "hunyuan15")
+VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15")
 
 
 def _offline(cfg) -> bool:

@@ -118,3 +118,25 @@ def test_published_recipes_run_through_real_loaders(tmp_path):
         assert tr.roles.vae.__class__.__name__ == "AutoencoderKLWan"
         metrics = tr.train_step(0)
         assert "loss/generator" in metrics and all(math.isfinite(v) for v in metrics.values()), (recipe, metrics)
+
+
+def test_self_forcing_trains_from_a_wan22_ti2v_teacher(tmp_path):
+    """A Wan2.2-TI2V-5B checkpoint dir (one transformer, 48 latent channels, the ×16 Wan2.2 VAE) is a streaming
+    teacher as it is: teacher, student, critic, UMT5 and VAE load from it, and one DMD step trains."""
+    from flowrl.distill.config import load_config
+    from flowrl.distill.trainer import DistillTrainer
+    from flowrl.policies.wan22 import Wan22TI2VPolicy
+
+    ckpt = Wan22TI2VPolicy.tiny().save_pretrained(tmp_path / "ti2v")
+    paths = [f"model.{k}={ckpt}" for k in ("teacher", "student_init", "critic_init", "text_encoder", "vae")]
+    prompts = REPO / "configs/distill/tiny_prompts.txt"
+    small = ["rollout.num_frames=4", "rollout.height=2", "rollout.width=2", "model.text_len=16",
+             "model.dtype=float32", 'run.mixed_precision="no"', f"data.train={prompts}", f"data.eval={prompts}",
+             "checkpoint.every=100", "model.chunk_frames=2", "model.window_frames=null", "model.sink_frames=0",
+             f"run.output_dir={tmp_path}", "run.name=ti2v"]
+    tr = DistillTrainer(load_config(str(REPO / "configs/distill/wan2.1_1.3b_self_forcing.yaml"), paths + small))
+    assert tr.roles.teacher.transformer.config.in_channels == 48 and tr.roles.vae.config.z_dim == 48
+    before = [p.detach().clone() for p in tr.roles.student.parameters()]
+    metrics = tr.train_step(0)
+    assert "loss/generator" in metrics and all(math.isfinite(v) for v in metrics.values()), metrics
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.roles.student.parameters(), strict=True))
