@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from flowrl.policies import toy_modules as tm
-from flowrl.policies.base import PolicyBase, scheduler_sigmas
+from flowrl.policies.base import scheduler_sigmas
 from flowrl.policies.lora import SD3_TARGETS, LoraConfig
 from flowrl.policies.sd3 import SD3Policy
+from flowrl.policies.toy_base import ToyPolicyBase
 from flowrl.types import Cond
 
 IMAGE_SIZE = 32
@@ -37,57 +37,13 @@ class Config:
     gradient_checkpointing: bool = False
 
 
-class ToyPolicy(PolicyBase):
+class ToyPolicy(ToyPolicyBase):
     """Toy shapes-world policy. Build with ``from_pretrained()`` (shipped checkpoint) or ``tiny()`` (random)."""
 
     family = "toy"
     config_class = Config
+    modules = tm
     velocity = SD3Policy.velocity  # one velocity/CFG implementation for every SD3-architecture policy
-
-    def __init__(self, tokenizer, text_encoder, transformer, config: Config | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        config = config or Config()
-        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=config.shift)
-        parts = {"transformer": transformer, "text_encoder": text_encoder, "vae": None, "scheduler": scheduler}
-        self._setup(parts, config, device, dtype)
-        self.tokenizer, self.text_encoder = tokenizer, text_encoder.to(self.device, self.dtype)
-
-    # ---- construction -------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, path: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> ToyPolicy:
-        """Load ``path`` (default: the shipped ``flowrl/assets/toy/``) through the real diffusers /
-        transformers ``from_pretrained``; a directory written by ``save_pretrained`` restores its adapters."""
-        path = Path(path) if path is not None else tm.default_asset_dir()
-        config = config or cls._saved_config(path)
-        tok, te, tr = tm.load_modules(path, device, dtype)
-        policy = cls(tok, te, tr, config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
-
-    @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> ToyPolicy:
-        """A randomly initialised few-thousand-parameter toy policy (float32) for tests."""
-        tok, te, tr = tm.build_modules("tiny", seed)
-        return cls(tok, te, tr, config, device, torch.float32)
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """tokenizer.json, text_encoder/, transformer/ (base weights, no LoRA tensors), adapters/<name>.safetensors
-        and flowrl_policy.json; ``from_pretrained(directory)`` restores all of it."""
-        from dataclasses import asdict
-
-        from flowrl.policies import components as comp
-
-        out = comp.save_components(directory, "ToyPolicy", {"transformer": self.transformer,
-                                                            "text_encoder": self.text_encoder},
-                                   self.weights.base_state_dict())
-        self.tokenizer.save(str(Path(out) / "tokenizer.json"))
-        comp.write_policy_config(out, {"family": self.family, "config": asdict(self.config)})
-        for name in self._saved_weight_names():
-            self.weights.save(comp.adapter_path(out, name), name)
-        return Path(out)
 
     @classmethod
     def check_resolution(cls, height: int, width: int, num_frames: int | None = None, *, tiny: bool = False,

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from flowrl.policies import toy_video_modules as tvm
-from flowrl.policies.base import PolicyBase, scheduler_sigmas
+from flowrl.policies.base import scheduler_sigmas
 from flowrl.policies.lora import WAN_TARGETS, LoraConfig
+from flowrl.policies.toy_base import ToyPolicyBase
 from flowrl.policies.wan import WanPolicy
 from flowrl.types import Cond
 
@@ -37,59 +38,15 @@ class Config:
     gradient_checkpointing: bool = False
 
 
-class VideoToyPolicy(PolicyBase):
+class VideoToyPolicy(ToyPolicyBase):
     """Tiny moving-shapes video policy. Build with ``from_pretrained(<pretrain out>/checkpoint)`` or ``tiny()``."""
 
     family = "toy_video"
     config_class = Config
+    modules = tvm
     shard_blocks = ("blocks",)
     velocity = WanPolicy.velocity      # one velocity/CFG implementation for every Wan-architecture policy
     _forward = WanPolicy._forward
-
-    def __init__(self, tokenizer, text_encoder, transformer, config: Config | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        config = config or Config()
-        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=config.shift)
-        parts = {"transformer": transformer, "text_encoder": text_encoder, "vae": None, "scheduler": scheduler}
-        self._setup(parts, config, device, dtype)
-        self.tokenizer, self.text_encoder = tokenizer, text_encoder.to(self.device, self.dtype)
-
-    # ---- construction -------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, path: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", config: Config | None = None) -> VideoToyPolicy:
-        """Load ``path`` (a pretraining run's ``checkpoint/`` or a ``save_pretrained`` directory; default
-        ``flowrl/assets/toy_video/``) through the real diffusers / transformers ``from_pretrained``."""
-        path = Path(path) if path is not None else tvm.default_asset_dir()
-        config = config or cls._saved_config(path)
-        tok, te, tr = tvm.load_modules(path, device, dtype)
-        policy = cls(tok, te, tr, config, device, dtype)
-        policy._load_saved_adapters(path)
-        return policy
-
-    @classmethod
-    def tiny(cls, seed: int = 0, config: Config | None = None, device: torch.device | str = "cpu") -> VideoToyPolicy:
-        """A randomly initialised few-thousand-parameter video toy policy (float32) for tests."""
-        tok, te, tr = tvm.build_modules("tiny", seed)
-        return cls(tok, te, tr, config, device, torch.float32)
-
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """tokenizer.json, text_encoder/, transformer/ (base weights), adapters/<name>.safetensors and
-        flowrl_policy.json; ``from_pretrained(directory)`` restores all of it."""
-        from dataclasses import asdict
-
-        from flowrl.policies import components as comp
-
-        out = comp.save_components(directory, "VideoToyPolicy", {"transformer": self.transformer,
-                                                                 "text_encoder": self.text_encoder},
-                                   self.weights.base_state_dict())
-        self.tokenizer.save(str(Path(out) / "tokenizer.json"))
-        comp.write_policy_config(out, {"family": self.family, "config": asdict(self.config)})
-        for name in self._saved_weight_names():
-            self.weights.save(comp.adapter_path(out, name), name)
-        return Path(out)
 
     @classmethod
     def check_resolution(cls, height: int, width: int, num_frames: int | None = None, *, tiny: bool = False,
