@@ -7,14 +7,13 @@ x0 = 2·pixels − 1 laid out (3, F, H, W), patches (1, p, p), so there is no VA
 """
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from flowrl.policies.toy_modules import SPECIAL_TOKENS, build_tokenizer, tokenize
+from flowrl.policies.toy_modules import SPECIAL_TOKENS, build_tokenizer, save_modules, tokenize
 
 MAX_TOKENS = 24       # the longest prompt ("a purple triangle, then …, then a green circle appear") is 17 tokens
 
@@ -86,22 +85,6 @@ def predict_velocity(transformer, x: Tensor, sigma: Tensor, embeds: Tensor) -> T
     """v_θ(x, σ, c) for pixel latents (B, 3, F, H, W), Wan's timestep convention t = 1000·σ."""
     t = (sigma.reshape(-1) * 1000.0).expand(x.shape[0]).to(x.dtype)
     return transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds, return_dict=False)[0]
-
-
-def save_modules(directory: str | Path, tokenizer, text_encoder, transformer,
-                 dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
-    """Write ``tokenizer.json``, ``text_encoder/``, ``transformer/`` (safetensors in ``dtype``) and an optional
-    ``info.json`` under ``directory``."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(d / "tokenizer.json"))
-    for name, mod in (("text_encoder", text_encoder), ("transformer", transformer)):
-        orig = next(mod.parameters()).dtype
-        mod.to(dtype).save_pretrained(d / name)
-        mod.to(orig)
-    if info is not None:
-        (d / "info.json").write_text(json.dumps(info, indent=2, sort_keys=True))
-    return d
 
 
 def load_modules(directory: str | Path | None = None, device: str | torch.device = "cpu",
