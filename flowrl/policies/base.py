@@ -175,6 +175,7 @@ class PolicyBase:
     requires_images: bool = False      # every prompt must carry one (editing); read by the start-up checks
     shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
     default_path: str = ""             # hub id ``from_pretrained(None)`` loads
+    index_entries: dict = {}           # model_index.json entries overriding the written ones (pipeline-module classes)
 
     @property
     def transformer(self) -> nn.Module:
@@ -291,7 +292,8 @@ class PolicyBase:
         from flowrl.policies import components as comp
 
         parts = {k: v for k, v in self.pipe.components.items() if v is not None and k in self.spec}
-        out = comp.save_components(directory, self.pipeline_class, parts, self.weights.base_state_dict())
+        out = comp.save_components(directory, self.pipeline_class, parts, self.weights.base_state_dict(),
+                                   extra_index=self.index_entries)
         comp.write_policy_config(out, {"family": self.family, "config": asdict(self.config)})
         for name in self._saved_weight_names():
             self.weights.save(comp.adapter_path(out, name), name)
