@@ -47,9 +47,9 @@ def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: floa
     module = policy._transformer_module()
 
     def forward(embeds: dict, stg=None, isolate=False) -> tuple[Tensor, Tensor]:
-        mask = embeds["attention_mask"]
+        mask, ev, ea = embeds["attention_mask"], embeds["video_embeds"], embeds["audio_embeds"]
         ov, oa = module(hidden_states=hv.to(policy.dtype), audio_hidden_states=ha.to(policy.dtype),
-                        encoder_hidden_states=embeds["video_embeds"], audio_encoder_hidden_states=embeds["audio_embeds"],
+                        encoder_hidden_states=ev, audio_encoder_hidden_states=ea,
                         timestep=t, sigma=t, encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
                         num_frames=f // pt, height=h // ps, width=w // ps, fps=fps, audio_num_frames=audio.shape[2],
                         isolate_modalities=isolate, spatio_temporal_guidance_blocks=stg, perturbation_mask=None,

@@ -30,8 +30,12 @@ def gemma3_text_encoder(vocab_size: int, hidden: int = 32, layers: int = 2):
 
 def ltx2_components(seed: int = 0) -> dict:
     """LTX2Pipeline components (diffusers test sizes; tiny Gemma 3; FLUX-like dynamic-shift scheduler of LTX-2)."""
-    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
-                           LTX2VideoTransformer3DModel)
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        FlowMatchEulerDiscreteScheduler,
+        LTX2VideoTransformer3DModel,
+    )
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
