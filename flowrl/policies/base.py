@@ -359,9 +359,18 @@ class PolicyBase:
                                  f"patch size), got {value}")
         cls.check_frames(num_frames)
 
+    temporal_factor: int | None = None   # video families: num_frames − 1 must be a multiple of it
+    frames_example: int = 121
+
     @classmethod
     def check_frames(cls, num_frames: int | None) -> None:
-        """Image families: no frame count (or 1)."""
+        """Image families: no frame count (or 1). Video families (``temporal_factor`` set): F frames with F − 1
+        divisible by the temporal factor."""
+        if cls.temporal_factor is not None:
+            if num_frames is None or num_frames < 1 or (num_frames - 1) % cls.temporal_factor:
+                raise ValueError(f"num_frames: {cls.family} makes videos of F frames with F − 1 divisible by "
+                                 f"{cls.temporal_factor} (e.g. {cls.frames_example}), got {num_frames}")
+            return
         if num_frames not in (None, 1):
             raise ValueError(f"num_frames: {cls.family} makes images, got num_frames={num_frames} (use null)")
 

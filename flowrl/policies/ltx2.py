@@ -105,22 +105,8 @@ class LTX2Policy(PolicyBase):
         return cls(ltx2_components(seed), config or Config(), device, torch.float32)
 
     @classmethod
-    def _saved_config(cls, path):
-        config = super()._saved_config(path)
-        if config is not None:
-            config.stg_blocks = tuple(config.stg_blocks)
-        return config
-
-    @classmethod
     def _spatial_multiple_from(cls, vae: dict, transformer: dict) -> int:
         return int(vae.get("spatial_compression_ratio") or 32) * int(transformer.get("patch_size", 1))
-
-    @classmethod
-    def check_frames(cls, num_frames: int | None) -> None:
-        """Videos of F frames with F − 1 divisible by the temporal factor 8 (e.g. 121)."""
-        if num_frames is None or num_frames < 1 or (num_frames - 1) % cls.temporal_factor:
-            raise ValueError(f"num_frames: LTX-2 makes videos of F frames with F − 1 divisible by "
-                             f"{cls.temporal_factor} (e.g. 121), got {num_frames}")
 
     # ---- geometry: the joint row ↔ (video, audio) ---------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ import torch
 
 from flowrl.eval.sample import ode_sample
 from flowrl.policies.ltx2 import Config, LTX2Policy
-from tests.policies.conftest import assert_sde_log_probs_are_normal, generators
+from tests.policies.conftest import assert_sde_log_probs_are_normal, generators, perturb
 
 PROMPTS = ["dance monkey", "a cat walking on the beach"]
 H = W = 32
@@ -25,19 +25,12 @@ CONFIG_OFF = Config(max_sequence_length=16, audio_guidance=None, stg_scale=0.0, 
                     modality_scale=1.0, audio_modality_scale=None, guidance_rescale=0.0, audio_guidance_rescale=None)
 
 
-def _perturb(policy, name, scale, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.adapter_parameters(name):
-            p.add_(scale * torch.randn(p.shape, generator=g))
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     from diffusers import LTX2Pipeline
 
     policy = LTX2Policy.tiny(config=CONFIG_ON)
-    _perturb(policy, "train", 0.05, 1)
+    perturb(policy, "train", 0.05, 1)
     path = policy.save_pretrained(tmp_path_factory.mktemp("ltx2"))
     pipe = LTX2Pipeline.from_pretrained(path)
     pipe.set_progress_bar_config(disable=True)
