@@ -79,7 +79,8 @@ def ltx2_components(seed: int = 0) -> dict:
                           hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2],
                           resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]], leaky_relu_negative_slope=0.1,
                           output_sampling_rate=16000)
-    # LTX-2's scheduler config (Lightricks/LTX-2 scheduler/scheduler_config.json): dynamic shift, terminal 0.1
+    # dynamic shift with the pipeline's LTX-2 fallbacks (calculate_shift 1024/4096/0.95/2.05) and a terminal σ of 0.1
+    # (exercises shift_terminal; the hub scheduler config was not read here)
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
                                                 base_image_seq_len=1024, max_image_seq_len=4096, shift_terminal=0.1)
     return {"transformer": transformer, "vae": vae, "audio_vae": audio_vae, "scheduler": scheduler,
