@@ -78,6 +78,8 @@ class Counts:
 
 def transformer_config(family: str, path: str | None, tiny: bool) -> dict:
     """The transformer config a run loads: local checkpoint, published (or derived) config, toy or tiny preset."""
+    if family not in BLOCKS:
+        raise ValueError(f"the memory planner does not model {family!r} yet (it knows {', '.join(sorted(BLOCKS))})")
     if tiny:
         tr = tiny_transformer(family)
         return {**dict(tr.config), "_class_name": type(tr).__name__}

@@ -1,4 +1,4 @@
-"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, wan22, hunyuan15, qwen_image,
+"""Model policies: one file per family (sd3, flux, flux2 + flux2_klein, zimage, wan, wan22, hunyuan15, ltx2, qwen_image,
 qwen_image_edit[_plus], toy, toy_video), LoRA named adapters, EMA.
 
 ``POLICIES.get("sd3")`` imports the class on first use, so ``import flowrl.policies`` stays cheap
@@ -20,6 +20,7 @@ POLICIES = Registry("policy", {
     "wan22_i2v": "flowrl.policies.wan22:Wan22I2VPolicy",
     "wan22_ti2v": "flowrl.policies.wan22:Wan22TI2VPolicy",
     "hunyuan15": "flowrl.policies.hunyuan15:HunyuanVideo15Policy",
+    "ltx2": "flowrl.policies.ltx2:LTX2Policy",
     "toy": "flowrl.policies.toy:ToyPolicy",
     "toy_video": "flowrl.policies.toy_video:VideoToyPolicy",
 })

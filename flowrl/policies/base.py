@@ -175,6 +175,7 @@ class PolicyBase:
     requires_images: bool = False      # every prompt must carry one (editing); read by the start-up checks
     shard_blocks: tuple[str, ...] = ("transformer_blocks",)   # the transformer's block lists (FSDP units)
     default_path: str = ""             # hub id ``from_pretrained(None)`` loads
+    index_entries: dict = {}           # model_index.json entries overriding the written ones (pipeline-module classes)
 
     @property
     def transformer(self) -> nn.Module:
@@ -291,7 +292,8 @@ class PolicyBase:
         from flowrl.policies import components as comp
 
         parts = {k: v for k, v in self.pipe.components.items() if v is not None and k in self.spec}
-        out = comp.save_components(directory, self.pipeline_class, parts, self.weights.base_state_dict())
+        out = comp.save_components(directory, self.pipeline_class, parts, self.weights.base_state_dict(),
+                                   extra_index=self.index_entries)
         comp.write_policy_config(out, {"family": self.family, "config": asdict(self.config)})
         for name in self._saved_weight_names():
             self.weights.save(comp.adapter_path(out, name), name)
@@ -357,9 +359,18 @@ class PolicyBase:
                                  f"patch size), got {value}")
         cls.check_frames(num_frames)
 
+    temporal_factor: int | None = None   # video families: num_frames − 1 must be a multiple of it
+    frames_example: int = 121
+
     @classmethod
     def check_frames(cls, num_frames: int | None) -> None:
-        """Image families: no frame count (or 1)."""
+        """Image families: no frame count (or 1). Video families (``temporal_factor`` set): F frames with F − 1
+        divisible by the temporal factor."""
+        if cls.temporal_factor is not None:
+            if num_frames is None or num_frames < 1 or (num_frames - 1) % cls.temporal_factor:
+                raise ValueError(f"num_frames: {cls.family} makes videos of F frames with F − 1 divisible by "
+                                 f"{cls.temporal_factor} (e.g. {cls.frames_example}), got {num_frames}")
+            return
         if num_frames not in (None, 1):
             raise ValueError(f"num_frames: {cls.family} makes images, got num_frames={num_frames} (use null)")
 

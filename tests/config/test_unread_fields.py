@@ -40,6 +40,9 @@ CONDITIONAL = [
                   "sampler.correction")],
     ("objective.route_by", lambda c: len(getattr(c.objective.config, "teachers", {})) > 1,
      "routing by prompt metadata matters only with several teachers"),
+    ("policy.stg_blocks", lambda c: bool(getattr(c.policy.config, "stg_scale", 0)
+                                         or getattr(c.policy.config, "audio_stg_scale", 0)),
+     "LTX-2's STG blocks are read only when spatio-temporal guidance is on"),
     ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
     ("dist.reshard_after_forward", lambda c: c.dist.fsdp,
      "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
@@ -66,8 +69,10 @@ FAMILY_OVERRIDES = {
                   "sampler.steps=4", "sampler.eval_steps=2"],
     "hunyuan15": ["policy.max_sequence_length=300", "sampler.height=8", "sampler.width=8", "sampler.num_frames=5",
                   "sampler.steps=2"],
+    "ltx2": ["policy.max_sequence_length=8", "sampler.height=8", "sampler.width=8", "sampler.num_frames=9",
+             "sampler.steps=4", "sampler.window.window_range=[0, 3]"],
 }
-VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15")
+VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15", "ltx2")
 
 
 def _offline(cfg) -> bool:

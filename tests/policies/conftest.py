@@ -32,6 +32,14 @@ def pipeline_step_velocities(pipe, latents, num_steps=2, **call_kwargs):
     return sig, xs, vs
 
 
+def perturb(policy, name, scale, seed):
+    """Add scale·N(0, 1) noise to every parameter of adapter ``name`` (distinct "train" / "old" weights)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.adapter_parameters(name):
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
 def generators(n, seed=0):
     return [torch.Generator().manual_seed(seed + i) for i in range(n)]
 
