@@ -336,7 +336,8 @@ def generator_terms(policy, batch: TrainBatch, unit: Unit, cfg: Config) -> dict[
             x_q - bcast(unit.s_q, x_q) * role_forward(policy, FAKE, x_q, unit.s_q, unit.cond, 1.0), x_hat,
             unit.s_q, imp, cfg.snr_gamma))
     out["surrogate_loss"] = role_step(policy, SURROGATE, cfg, lambda: surrogate_loss(policy, unit, cfg, out))
-    s, huber = cfg.real_guidance, (cfg.huber_c if cfg.use_huber else None)
+    s, kappa = cfg.real_guidance, cfg.huber_c
+    huber = kappa if cfg.use_huber else None
     real = x0_of(policy, None, x_q, unit.s_q, unit.cond, s)
     fake = x0_of(policy, FAKE, x_q, unit.s_q, unit.cond, 1.0)
     surr = x0_of(policy, SURROGATE, x_q, unit.s_q, unit.cond, s)
