@@ -66,11 +66,11 @@ def reference_evals(recipe: Path, overrides, steps: list[int], eval_seeds: list[
 
 
 def _reference_eval(recipe, overrides, steps: int, guidance: float, eval_seeds, eval_prompts, run_dir) -> dict:
+    import shutil
+
     from flowrl.bench import learning_lib as lib
     from flowrl.config import load_config
     from flowrl.training.trainer import Trainer
-
-    import shutil
 
     name, home = f"cfg{guidance:g}_{steps}steps", Path(run_dir) / "references"     # this function's own folder
     shutil.rmtree(home / name, ignore_errors=True)
