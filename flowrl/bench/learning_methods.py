@@ -143,7 +143,7 @@ def carry(result: dict, files: list[str]) -> None:
                 result.setdefault("carried_figures", {})[key] = rel(f)
         for name, entry in old.get("methods", {}).items():
             if name not in result["methods"]:
-                result["methods"][name] = {**entry, "carried_from": rel(f)}
+                result["methods"][name] = {"carried_from": rel(f), **entry}   # an earlier carry's note stays
                 print(f"[learning] {name}: carried from {f}", file=sys.stderr)
 
 
