@@ -129,6 +129,8 @@ class RolloutResult:
     traj:    stored steps, or None when nothing was stored (ODE / forward-process objectives).
     x0_pred: (B, ...) x̂0 predicted at the last step (DanceGRPO decodes this), or None.
     nfe:     number of velocity evaluations per sample (a CFG forward counts once).
+    path:    (B, S+1, ...) every boundary state x_{σ_0} … x_{σ_S} of a deterministic rollout stored on request
+             (an all-ODE plan with ``store``: TDM-R1's per-step states), else None.
     """
 
     latents: Tensor
@@ -136,11 +138,13 @@ class RolloutResult:
     traj: Trajectory | None = None
     x0_pred: Tensor | None = None
     nfe: int = 0
+    path: Tensor | None = None
 
     def select(self, idx: Tensor) -> RolloutResult:
         """Rows ``idx`` (sample axis) of the latents, trajectory and x̂0; the schedule and NFE are shared."""
         return RolloutResult(self.latents[idx], self.sigmas, None if self.traj is None else self.traj.select(idx),
-                             None if self.x0_pred is None else self.x0_pred[idx], self.nfe)
+                             None if self.x0_pred is None else self.x0_pred[idx], self.nfe,
+                             None if self.path is None else self.path[idx])
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class SampleSpec:
     kernel: Any = "ode"                   # SDE kernel of the plan's steps (a Kernel or a KERNELS name);
     kernel_cfg: Any = None                # a deterministic kernel is the ODE kernel of every step
     reduce: str = "mean"                  # log-prob reduction over latent elements
-    store: bool = False                   # keep the trajectory of the stochastic steps
+    store: bool = False                   # keep the trajectory of the stochastic steps (all-ODE: the path)
     chunk: int | None = None              # rows per model call (None: all rows at once)
     adapter: str | None = CURRENT         # policy.adapter(name) to sample under; CURRENT: leave as is
     restart: Any = None                   # samplers.restart.Config: Restart sampling instead of the rollout
@@ -215,7 +215,8 @@ def concat_results(results: list[RolloutResult]) -> RolloutResult:
             cat[name] = vals[0] if (name == "step_idx" or vals[0] is None) else torch.cat(vals)
         traj = Trajectory(**cat)
     x0 = None if first.x0_pred is None else torch.cat([r.x0_pred for r in results])
-    return RolloutResult(torch.cat([r.latents for r in results]), first.sigmas, traj, x0, first.nfe)
+    path = None if first.path is None else torch.cat([r.path for r in results])
+    return RolloutResult(torch.cat([r.latents for r in results]), first.sigmas, traj, x0, first.nfe, path)
 
 
 def cat_rows(tensors: list[Tensor]) -> Tensor:

@@ -49,7 +49,8 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
     generators: one per row; the SDE noise of row b is drawn from generators[b] only, in step order.
     reduce: log-prob reduction over latent elements ("mean" as the anchors, or "sum").
     keep_noise: also store each step's ε (replay). store: False samples the SDE steps without recording a
-    trajectory (SDE sampling for evaluation; ``traj`` is None).
+    trajectory (SDE sampling for evaluation; ``traj`` is None); with no SDE step, ``store`` keeps the
+    deterministic path instead (``RolloutResult.path``: every boundary state, TDM-R1's per-step states).
     """
     grid = check_grid(sigmas).to(x1.device)
     plan = plan or StepPlan(grid.numel() - 1)
@@ -62,6 +63,7 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
     x = x1.to(torch.float32)
     n_sde = sum(st.sde for st in stages)
     traj = _TrajectoryBuffer(x, n_sde, keep_noise) if (store and n_sde) else None
+    path = [x] if (store and not n_sde) else None
     history, x_hat, bar = None, x, _progress(len(stages), progress)
     for si, st in enumerate(stages):
         if st.tail and not stages[si - 1].tail:
@@ -79,11 +81,14 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
             kern, cfg = (DPM_TAIL, DPM_TAIL.Config()) if st.tail else (ode, ode_cfg)
             extra = {"history": history} if is_multistep(kern) else {}
             x, history = kern.step(x, v, sigma, sigma_next, cfg=cfg, **extra).x_next, (x_hat, float(st.sigma))
+        if path is not None:
+            path.append(x)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return RolloutResult(x, grid, None if traj is None else traj.trajectory(), x_hat, len(stages))
+    return RolloutResult(x, grid, None if traj is None else traj.trajectory(), x_hat, len(stages),
+                         None if path is None else torch.stack(path, dim=1))
 
 
 def step_kernels(kernel: Kernel | str, kernel_cfg, ode_kernel: Kernel | str | None, ode_kernel_cfg):

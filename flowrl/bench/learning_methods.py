@@ -11,7 +11,12 @@ not rerun can be carried from earlier result files.
   ``grpo``), trained first for every seed; seed s of the student distils from seed s's final checkpoint.
   ``opd_gain_share`` = student strict gain ÷ teacher strict gain (means over seeds), ``opd_nfe_ratio`` = student
   rollout NFEs ÷ teacher rollout NFEs.
-- ``carry(result, files)``: methods of earlier result files that this run did not train, marked ``carried_from``.
+- Few-step (the objective has ``real_guidance``: TDM-R1 trains a few-step student against a guided real score):
+  ``reference_evals`` evaluates the untrained model with the recipe's own evaluator at ``--teacher-steps`` Euler
+  steps (default 8 and 20), at the real score's guidance (the teacher) and at the student's, recorded as the
+  method's ``teacher`` entry beside its few-step before → after.
+- ``carry(result, files)``: methods of earlier result files that this run did not train, marked ``carried_from``,
+  and the earlier files' top-level figures this run did not compute (e.g. ``opd_gain_share``).
 """
 from __future__ import annotations
 
@@ -38,6 +43,50 @@ def is_offline(recipe: Path, overrides) -> bool:
 
 def is_distilled(recipe: Path, overrides) -> bool:
     return bool(getattr(objective_config(recipe, overrides), "teachers", None))
+
+
+def is_few_step(recipe: Path, overrides) -> bool:
+    return getattr(objective_config(recipe, overrides), "real_guidance", None) is not None
+
+
+def reference_evals(recipe: Path, overrides, steps: list[int], eval_seeds: list[int], eval_prompts: int | None,
+                    run_dir: str | Path) -> dict:
+    """{"cfg<w>_<S>steps": {"strict", "partial", "strict_se_binomial", "strict_se_bootstrap", "guidance", "steps",
+    "images"}} of the untrained weights under the recipe's evaluator, for S in ``steps`` and w in (the real score's
+    guidance, the student's eval guidance)."""
+    from flowrl.config import load_config
+
+    base = load_config(recipe, list(overrides))
+    student = base.sampler.eval_guidance if base.sampler.eval_guidance is not None else base.sampler.guidance
+    out = {}
+    for w in dict.fromkeys((float(base.objective.config.real_guidance), float(student))):
+        for n in steps:
+            out[f"cfg{w:g}_{n}steps"] = _reference_eval(recipe, overrides, n, w, eval_seeds, eval_prompts, run_dir)
+    return out
+
+
+def _reference_eval(recipe, overrides, steps: int, guidance: float, eval_seeds, eval_prompts, run_dir) -> dict:
+    import shutil
+
+    from flowrl.bench import learning_lib as lib
+    from flowrl.config import load_config
+    from flowrl.training.trainer import Trainer
+
+    name, home = f"cfg{guidance:g}_{steps}steps", Path(run_dir) / "references"     # this function's own folder
+    shutil.rmtree(home / name, ignore_errors=True)
+    cfg = load_config(recipe, [*overrides, f"run.output_dir={home}", f"run.name={name}", "run.resume=false",
+                               f"sampler.eval_steps={steps}", f"sampler.eval_guidance={guidance}",
+                               f"eval.seeds=[{','.join(map(str, eval_seeds))}]",
+                               f"eval.num_prompts={eval_prompts or 'null'}", "log.progress=false"])
+    trainer = Trainer(cfg)
+    print(f"[learning] reference: untrained weights, {steps} steps, CFG {guidance:g} ...", file=sys.stderr, flush=True)
+    where = cfg.run_dir / "eval" / "reference"
+    summary = trainer.evaluator.sample_and_score(0, "reference", where)
+    point = lib.eval_point(summary, lib.read_per_prompt(where))
+    return {"steps": steps, "guidance": guidance, "images": int(summary.get("eval/num_prompts", 0) *
+                                                                 summary.get("eval/num_seeds", 0)),
+            **{k: None if point.get(k) is None else round(float(point[k]), 4)
+               for k in ("strict", "partial", "strict_se_binomial", "strict_se_bootstrap")}}
 
 
 def offline_dataset(name: str, recipe: Path, run_dir: str | Path, iterations: int, overrides) -> tuple[str, dict]:
@@ -83,12 +132,18 @@ def distill_figures(methods: dict, student: str, teacher: str) -> dict:
 
 
 def carry(result: dict, files: list[str]) -> None:
-    """Copy into ``result["methods"]`` every method of ``files`` (earlier first wins) that this run lacks."""
+    """Copy into ``result["methods"]`` every method of ``files`` (earlier first wins) that this run lacks, and into
+    ``result`` the files' top-level figures this run left absent or None (``carried_figures`` names them)."""
     for f in files:
         old = json.loads(Path(f).read_text())
+        for key, value in old.items():
+            if key not in ("methods", "table", "plots", "carried_figures") and result.get(key) is None \
+                    and value is not None:
+                result[key] = value
+                result.setdefault("carried_figures", {})[key] = rel(f)
         for name, entry in old.get("methods", {}).items():
             if name not in result["methods"]:
-                result["methods"][name] = {**entry, "carried_from": rel(f)}
+                result["methods"][name] = {"carried_from": rel(f), **entry}   # an earlier carry's note stays
                 print(f"[learning] {name}: carried from {f}", file=sys.stderr)
 
 

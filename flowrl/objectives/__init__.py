@@ -34,6 +34,7 @@ Each module describes what it needs from the loop (DESIGN "plugins describe what
     dpo         Diffusion-DPO (flow form): pairs from each rollout group, or an offline preference dataset
     sft         SFT / RAFT: the flow-matching loss on each group's top-k, or on a fixed image dataset
     opd         on-policy distillation (DiffusionOPD / Flow-OPD): per-step Gaussian KL to frozen teachers, routed
+    tdm_r1      TDM-R1: few-step RL on the deterministic path, surrogate reward + TDM distribution matching
 
 nft, awr and awm share ``regression.rectified_regression`` (one rectified target); grpo_guard and dppo share grpo's
 stored-step re-scoring (``grpo.score_step``). ``get_objective(name)`` returns
@@ -64,6 +65,7 @@ OBJECTIVES = Registry(
         "dpo": "flowrl.objectives.dpo:loss",
         "sft": "flowrl.objectives.sft:loss",
         "opd": "flowrl.objectives.opd:loss",
+        "tdm_r1": "flowrl.objectives.tdm_r1:loss",
     },
     entry_point_group="flowrl.objectives",
 )

@@ -31,6 +31,8 @@ class TrainBatch:
     mask:       (B,) bool, samples that count (zero-std filtering, MC-GRPO's dropped median); None = all.
     generator:  torch.Generator for ``noise`` when it is None, or one per row (each row's ε from its own).
     extras:     per-sample (B,) values the objective's ``prepare_advantages`` asked the loop to carry (GARDO's gate).
+    path:       (B, S+1, ...) the boundary states of a deterministic rollout and ``grid`` its (S+1,) σ's — TDM-R1
+                (``steps`` then holds the one boundary k trained in this call).
     """
 
     cond: Cond
@@ -47,6 +49,8 @@ class TrainBatch:
     mask: Tensor | None = None
     generator: torch.Generator | list[torch.Generator] | None = None
     extras: dict = field(default_factory=dict)
+    path: Tensor | None = None
+    grid: Tensor | None = None
 
     def __len__(self) -> int:
         return self.advantages.shape[0]

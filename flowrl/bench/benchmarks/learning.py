@@ -23,7 +23,8 @@ between evaluations; null when never reached, or reached before training). ``--p
 
 Offline methods (``dpo_offline``) train on a dataset made first at the online rollout budget, counted as their
 rollout NFEs; distillation methods (``opd``) distil seed by seed from ``--teacher`` (trained first when not listed)
-for ``--distill-iterations`` (default half the others'),
+for ``--distill-iterations`` (default half the others'); few-step methods (``tdm_r1``, trained and evaluated at its
+recipe's 4 steps) get the untrained model's evaluation at ``--teacher-steps`` (default 8, 20) as their ``teacher``,
 with ``opd_gain_share`` / ``opd_nfe_ratio`` at the top level (``learning_methods``). ``--carry`` copies methods of
 earlier result files not rerun; ``table`` holds one markdown row per method (also printed).
 """
@@ -72,6 +73,8 @@ def parse(argv):
     ap.add_argument("--teacher", default="grpo", help="the method a distillation recipe (opd) distils from")
     ap.add_argument("--distill-iterations", type=int, default=0,
                     help="iterations of a distillation recipe (0: half of --iterations, i.e. half the teacher's NFEs)")
+    ap.add_argument("--teacher-steps", default="8,20",
+                    help="Euler steps at which a few-step method's untrained model is evaluated for reference")
     ap.add_argument("--carry", default="", help="comma-separated earlier result JSONs: their methods not rerun "
                                                  "are copied into this result (marked carried_from)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
@@ -203,6 +206,11 @@ def main(argv: list[str]) -> dict:
         result["methods"][name]["dataset"] = made
     if students:
         result.update(lm.distill_figures(result["methods"], students[0], args.teacher))
+    for name, recipe in methods.items():
+        if lm.is_few_step(recipe, args.overrides):
+            result["methods"][name]["teacher"] = lm.reference_evals(
+                recipe, args.overrides, int_list(args.teacher_steps, "--teacher-steps"), eval_seeds,
+                args.eval_prompts or None, args.run_dir)
     lm.carry(result, [f for f in args.carry.split(",") if f.strip()])
     result["table"] = lm.table(result["methods"])
     print("\n".join(result["table"]), file=sys.stderr)
