@@ -109,8 +109,10 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
         # trained checkpoints of the real-size model; the tiny run distils from its frozen base
     if getattr(cfg.objective.config, "pairs", None) == "all_pairs":   # a tiny random model scores every sample
         ov.append("objective.pairs=best_worst")      # alike: all_pairs has no strict pair, best_worst still pairs
-    if cfg.policy.kind != "toy":
-        ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}")
+    if cfg.policy.kind != "toy":                      # tiny LoRA; an objective's extra adapters kept
+        names = getattr(getattr(cfg.policy.config, "lora", None), "names", None)
+        keep = f", names: [{', '.join(names)}]" if names else ""
+        ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]" + keep + "}")
     if cfg.policy.kind in VIDEO:                      # learned rewards need downloads: an offline stand-in
         ov.append("rewards={video_jpeg: {reward: video_frame_mean, weight: 1.0, "
                   "kwargs: {reward: jpeg_compressibility}}}")
