@@ -70,8 +70,7 @@ def verify_videos(batch: RewardInput, cfg: Config | None = None) -> dict[str, Te
     for s in grammar.SKILLS:
         out[f"skill_{s}"] = torch.tensor([r["strict"] if m["skill"] == s else math.nan
                                           for r, m in zip(rows, metas)], dtype=torch.float32)
-    px = batch.pixels.detach().float()
-    out["palette_distance"] = detect.palette_distance(px.reshape(-1, *px.shape[2:])).view(px.shape[:2]).mean(1).cpu()
+    out["palette_distance"] = detect.palette_distance(batch.pixels.detach().float()).cpu()
     return out
 
 
