@@ -35,6 +35,7 @@ REWARDS = Registry(
         "shapes_ink_budget": "rewards.shapes_sets:InkBudgetReward",
         "shapes_centering": "rewards.shapes_sets:CenteringReward",
         "video_shapes": "rewards.video_shapes:VideoShapesVerifier",
+        "video_shapes_consistency": "rewards.video_shapes:VideoShapesConsistency",
     },
     entry_point_group="flowrl.rewards",
 )

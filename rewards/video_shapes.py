@@ -10,6 +10,10 @@ colour, and checked against the prompt's metadata (``batch.meta[i]``; parsed fro
 score = partial (default; graded, for training) or strict (the accuracy to report); sub-scores: every check
 (NaN where it does not apply), strict, partial, skill_<skill> (strict where the sample has that skill) and
 palette_distance (mean over frames; image quality, 0.003 on ground truth).
+
+``video_shapes_consistency`` is the temporal-consistency check alone as a reward: the fraction of the named
+objects tracked with no flicker (a gap or vanishing), no identity swap (shape class change), no jump and no
+size change (``verify.check_consistent``); the other checks stay its sub-scores.
 """
 from __future__ import annotations
 
@@ -70,8 +74,7 @@ def verify_videos(batch: RewardInput, cfg: Config | None = None) -> dict[str, Te
     for s in grammar.SKILLS:
         out[f"skill_{s}"] = torch.tensor([r["strict"] if m["skill"] == s else math.nan
                                           for r, m in zip(rows, metas)], dtype=torch.float32)
-    px = batch.pixels.detach().float()
-    out["palette_distance"] = detect.palette_distance(px.reshape(-1, *px.shape[2:])).view(px.shape[:2]).mean(1).cpu()
+    out["palette_distance"] = detect.palette_distance(batch.pixels.detach().float()).cpu()
     return out
 
 
@@ -92,3 +95,14 @@ class VideoShapesVerifier:
     def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
         out = verify_videos(batch, self.cfg)
         return {"score": out[self.cfg.mode].clone(), **out}
+
+
+class VideoShapesConsistency(VideoShapesVerifier):
+    """score = the verifier's temporal-consistency check (mean over the named objects: no flicker, no identity
+    swap, no jump); sub-scores as ``video_shapes``."""
+
+    name = "video_shapes_consistency"
+
+    def __call__(self, batch: RewardInput) -> dict[str, Tensor]:
+        out = verify_videos(batch, self.cfg)
+        return {"score": out["consistent"].clone(), **out}

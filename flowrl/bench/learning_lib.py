@@ -323,6 +323,9 @@ def run_recipe(recipe: str | Path, *, seed: int, iterations: int, eval_every: in
         summary = trainer.run()
     finally:
         recorder.close()
+    if summary.get("preempted"):                 # stopped early: not a finished run, never cached as one
+        raise SystemExit(f"[bench] {name}: preempted before its {iterations} iterations ended; rerun the "
+                         f"benchmark (finished runs are reused through ${RUN_CACHE_ENV})")
     points, per_prompt = recorder.points, recorder.per_prompt
     if cached is not None:
         points.insert(0, dict(cached["point"]))

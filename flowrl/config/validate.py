@@ -173,18 +173,24 @@ def check_startable(cfg) -> None:
 
 
 def check_prompt_source(key: str, src: str) -> None:
-    """A ``shapes:<split>`` name of an existing split, or an existing .txt / .jsonl file."""
-    if src.startswith("shapes:"):
-        from flowrl.data.shapes.splits import SPLITS
+    """A ``shapes:<split>`` / ``video_shapes:<split>`` name of an existing split, or an existing .txt / .jsonl
+    file."""
+    from flowrl.data.prompts import WORLDS
 
-        split = src.split(":", 1)[1]
-        if split not in SPLITS:
-            raise ConfigError(f"{key}: unknown shapes split {split!r}; expected one of "
-                              f"{[f'shapes:{s}' for s in SPLITS]}")
+    world, _, split = src.partition(":")
+    if world in WORLDS and split:
+        from flowrl.data.shapes.splits import SPLITS as IMAGE_SPLITS
+        from flowrl.data.video_shapes.splits import SPLITS as VIDEO_SPLITS
+
+        splits = VIDEO_SPLITS if world == "video_shapes" else IMAGE_SPLITS
+        if split not in splits:
+            raise ConfigError(f"{key}: unknown {world} split {split!r}; expected one of "
+                              f"{[f'{world}:{s}' for s in splits]}")
         return
     if not Path(src).expanduser().is_file():
         raise ConfigError(f"{key}: prompt file {src!r} not found; give a .txt file (one prompt per line), a "
-                          ".jsonl file with a 'prompt' key, or shapes:train / shapes:heldout")
+                          ".jsonl file with a 'prompt' key, shapes:train / shapes:heldout or "
+                          "video_shapes:train / video_shapes:heldout")
 
 
 def prompts_fit_policy(cfg) -> None:

@@ -8,6 +8,8 @@ simply the iteration counter and every process computes the same global prompt l
 Sources (``data.train`` / ``data.eval`` in the config):
 - ``shapes:train`` / ``shapes:heldout`` — the built-in shapes world (``flowrl.data.shapes``), with metadata the
   verifier rewards read;
+- ``video_shapes:train`` / ``video_shapes:heldout`` — the moving-shapes world (``flowrl.data.video_shapes``), with
+  the metadata the ``video_shapes`` verifier reads (skill, objects with colour, shape, direction, speed, bounce);
 - ``path/to/prompts.txt`` — one prompt per line (blank lines and ``#`` comments skipped), empty metadata;
 - ``path/to/prompts.jsonl`` — one JSON object per line with a ``"prompt"`` key; the other keys become metadata
   (e.g. ``{"prompt": "...", "ocr_text": "..."}`` for the OCR reward). Image-conditioned prompts (editing,
@@ -20,6 +22,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+WORLDS = ("shapes", "video_shapes")     # the built-in worlds, named as "<world>:<split>" prompt sources
 
 
 class PromptError(ValueError):
@@ -50,13 +54,19 @@ class ListPrompts:
 
 
 class ShapesSource:
-    """The shapes world split: training batches balanced over skills; evaluation a fixed balanced set."""
+    """A built-in world's split (``world``: "shapes" images or "video_shapes" videos): training batches balanced
+    over skills; evaluation a fixed balanced set."""
 
-    def __init__(self, split: str, seed: int = 0):
-        from flowrl.data.shapes import ShapesPrompts, prompt_list
+    def __init__(self, split: str, seed: int = 0, world: str = "shapes"):
+        if world == "video_shapes":
+            from flowrl.data.video_shapes import VideoShapesPrompts as Stream
+            from flowrl.data.video_shapes import prompt_list
+        else:
+            from flowrl.data.shapes import ShapesPrompts as Stream
+            from flowrl.data.shapes import prompt_list
 
-        self.stream = ShapesPrompts(split, seed=seed)
-        self.split = split
+        self.stream = Stream(split, seed=seed)
+        self.split, self.world = split, world
         self._all = prompt_list(split)
 
     def __len__(self) -> int:
@@ -67,17 +77,28 @@ class ShapesSource:
 
     def eval_metrics(self) -> dict:
         """Extra per-image evaluation scores of this dataset: the shapes world's image-quality figure
-        ``palette_distance`` (mean pixel distance to the nearest palette colour; lower is cleaner)."""
+        ``palette_distance`` (mean pixel distance to the nearest palette colour; lower is cleaner; videos: the mean
+        over frames)."""
         from flowrl.data.shapes.detect import palette_distance
 
         return {"palette_distance": lambda batch: palette_distance(batch.pixels)}
 
     def fixed(self, n: int | None) -> list[tuple[str, dict]]:
-        """All held-out prompts (n=None), or ``n`` spread evenly over them (every skill represented)."""
+        """All held-out prompts (n=None), or ``n`` spread evenly over them. Images: evenly over the whole list;
+        videos (whose skills differ 3× in size, so an even spread can miss one): ⌈n / skills⌉ evenly within each
+        skill, taken skill by skill in turn, so every skill is represented once n ≥ 7."""
         if n is None or n >= len(self._all):
             return list(self._all)
-        idx = np.linspace(0, len(self._all) - 1, n).round().astype(int)
-        return [self._all[i] for i in idx]
+        if self.world == "shapes":
+            idx = np.linspace(0, len(self._all) - 1, n).round().astype(int)
+            return [self._all[i] for i in idx]
+        from flowrl.data.video_shapes import split_by_skill
+
+        groups = list(split_by_skill(self.split).values())
+        per = -(-n // len(groups))
+        spread = [[g[i] for i in np.linspace(0, len(g) - 1, min(per, len(g))).round().astype(int)] for g in groups]
+        turns = [items[k] for k in range(per) for items in spread if k < len(items)]
+        return turns[:n]
 
 
 def _read_txt(path: Path) -> list[tuple[str, dict]]:
@@ -117,15 +138,16 @@ def _image_paths(row: dict, path: Path, line: int) -> dict:
 
 def load_prompts(source: str, seed: int = 0):
     """A prompt dataset from a config string (see the module docstring)."""
-    if source.startswith("shapes:"):
-        split = source.split(":", 1)[1]
+    world, _, split = source.partition(":")
+    if world in WORLDS and split:
         try:
-            return ShapesSource(split, seed)
+            return ShapesSource(split, seed, world)
         except ValueError as e:
             raise PromptError(f"prompt source {source!r}: {e}") from None
     path = Path(source)
     if not path.is_file():
         raise PromptError(f"prompt source {source!r}: no such file; give 'shapes:train', 'shapes:heldout', "
+                          "'video_shapes:train', 'video_shapes:heldout', "
                           "a .txt file (one prompt per line) or a .jsonl file with a 'prompt' key")
     if path.suffix == ".jsonl":
         return ListPrompts(_read_jsonl(path), seed, source)

@@ -228,3 +228,18 @@ def test_run_cache_reuses_a_finished_run_with_an_equal_config(tmp_path, monkeypa
     assert again["reused"] and again["name"] == "b" and again["curve"] == first["curve"]
     assert not (tmp_path / "y" / "b").exists()
     assert "reused" not in other and (tmp_path / "z" / "c" / "config.yaml").is_file()
+
+
+def test_a_preempted_run_stops_the_benchmark_and_is_not_cached(tmp_path, monkeypatch):
+    """A run the preemption signal stopped early (the trainer's summary["preempted"]) is no finished run: the
+    benchmark stops with a one-line message and $FLOWRL_BENCH_RUN_CACHE stays empty, so a rerun trains it again."""
+    import pytest
+
+    from flowrl.training.trainer import Trainer
+
+    monkeypatch.setenv(lib.RUN_CACHE_ENV, str(tmp_path / "finished"))
+    monkeypatch.setattr(Trainer, "run", lambda self: {"preempted": {"signal": "SIGTERM", "iteration": 0}})
+    with pytest.raises(SystemExit, match="a: preempted before its 2 iterations ended") as e:
+        lib.run_recipe("awr", seed=0, name="a", out_dir=tmp_path, iterations=2, eval_every=0, eval_seeds=[0],
+                       eval_prompts=1, cache=lib.BeforeCache(), overrides=["policy.tiny=true"])
+    assert "\n" not in str(e.value) and not list((tmp_path / "finished").glob("*.json"))

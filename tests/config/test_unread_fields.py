@@ -51,6 +51,7 @@ CONDITIONAL = [
 ]
 FAMILY_OVERRIDES = {
     "toy": [],
+    "toy_video": ["sampler.num_frames=4", "sampler.steps=3"],     # the tiny preset: 4-frame clips, 3 steps
     "sd3": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "flux": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16"],
     "wan": ["policy.max_sequence_length=8", "sampler.height=16", "sampler.width=16", "sampler.num_frames=5"],
@@ -73,6 +74,7 @@ FAMILY_OVERRIDES = {
              "sampler.steps=4", "sampler.window.window_range=[0, 3]"],
 }
 VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15", "ltx2")
+OFFLINE_REWARDS = ("toy", "toy_video")   # the shapes worlds: their verifiers run offline, the recipe's LoRA is kept
 
 
 def _offline(cfg) -> bool:
@@ -109,7 +111,7 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
         # trained checkpoints of the real-size model; the tiny run distils from its frozen base
     if getattr(cfg.objective.config, "pairs", None) == "all_pairs":   # a tiny random model scores every sample
         ov.append("objective.pairs=best_worst")      # alike: all_pairs has no strict pair, best_worst still pairs
-    if cfg.policy.kind != "toy":                      # tiny LoRA; an objective's extra adapters kept
+    if cfg.policy.kind not in OFFLINE_REWARDS:         # tiny LoRA; an objective's extra adapters kept
         names = getattr(getattr(cfg.policy.config, "lora", None), "names", None)
         keep = f", names: [{', '.join(names)}]" if names else ""
         ov.append("policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]" + keep + "}")
@@ -118,7 +120,7 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
                   "kwargs: {reward: jpeg_compressibility}}}")
     elif cfg.policy.kind.startswith("qwen_image_edit"):   # an offline reward that reads the prompts' sources
         ov.append("rewards={source_fidelity: {weight: 1.0}}")
-    elif cfg.policy.kind != "toy":
+    elif cfg.policy.kind not in OFFLINE_REWARDS:
         ov.append("rewards={jpeg_compressibility: {weight: 1.0}}")
     return ov
 
@@ -133,6 +135,8 @@ def test_every_field_of_the_recipe_is_read(recipe, tmp_path):
         Trainer(cfg, accelerator=make_accelerator("no", cpu=True)).run()
     unread = {f for f in t.unread() if not excused(f, cfg)}
     assert not unread, f"{recipe.name}: fields nothing read (give each one an owner or delete it): {sorted(unread)}"
+    if cfg.policy.kind == "toy_video":                      # the moving-shapes world's evaluations are video grids
+        assert sorted(p.name for p in (tmp_path / "run" / "eval" / "after").glob("grid_*")) == ["grid_000.mp4"]
     if cfg.data.train.endswith(".jsonl") and '"image' in Path(cfg.data.train).read_text():
         pages = sorted(tmp_path.glob("run/eval/*/index.html"))   # image-conditioned prompts: grids show the sources
         assert pages and all("columns: source | seed" in page.read_text() for page in pages), pages

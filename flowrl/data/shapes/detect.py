@@ -53,7 +53,10 @@ def palette_distances(pixels: Tensor) -> Tensor:
 
 def palette_distance(pixels: Tensor) -> Tensor:
     """Image-quality figure (B,): mean over pixels of min_k d_k(p), the distance to the nearest
-    background/palette colour (0 for a clean render up to shade jitter; grows with blur and speckle)."""
+    background/palette colour (0 for a clean render up to shade jitter; grows with blur and speckle). Videos
+    (B, F, 3, H, W): the mean over their frames."""
+    if pixels.dim() == 5:
+        return palette_distance(pixels.reshape(-1, *pixels.shape[2:])).view(pixels.shape[:2]).mean(1)
     return palette_distances(pixels).min(dim=1).values.flatten(1).mean(1)
 
 
