@@ -17,22 +17,9 @@ SPLIT_SEED = 2024
 GRAMMAR = SkillSplit("shapes", all_prompts, phrase, SKILLS, SPLIT_SEED)
 __all__ = ["GRAMMAR", "SPLITS", "ShapesPrompts", "prompt_list", "sample_prompts", "split_by_skill"]
 
-
-def split_by_skill(split: str) -> dict[str, list[tuple[str, dict]]]:
-    """{skill: [(prompt, meta), ...]} of ``split`` ("train" | "heldout") in a fixed order."""
-    return GRAMMAR.by_skill(split)
-
-
-def prompt_list(split: str) -> list[tuple[str, dict]]:
-    """Every (prompt, meta) of ``split``, skills concatenated in SKILLS order."""
-    return GRAMMAR.prompt_list(split)
-
-
-def sample_prompts(split: str, n: int, seed: int = 0, skills: tuple[str, ...] = SKILLS
-                   ) -> list[tuple[str, dict]]:
-    """``n`` (prompt, meta) pairs of ``split``, balanced over ``skills``, reproducible from ``seed``
-    (``SkillSplit.sample``)."""
-    return GRAMMAR.sample(split, n, seed, skills)
+split_by_skill = GRAMMAR.by_skill      # {skill: [(prompt, meta), ...]} of a split, fixed order
+prompt_list = GRAMMAR.prompt_list      # every (prompt, meta) of a split, skills in SKILLS order
+sample_prompts = GRAMMAR.sample        # n (prompt, meta) balanced over skills, reproducible from a seed
 
 
 class ShapesPrompts(SplitPrompts):
