@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from flowrl.data.shapes.render import render_batch
 from flowrl.data.shapes.splits import sample_prompts
-from flowrl.policies.toy_modules import build_modules, encode_text, predict_velocity, save_modules, tokenize
+from flowrl.policies.toy_modules import build_modules, ema_update, encode_text, predict_velocity, save_modules, tokenize
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,13 +67,6 @@ def rectified_flow_loss(transformer, text_encoder, ids, x0, gen: torch.Generator
     embeds, pooled = encode_text(text_encoder, ids)
     v = predict_velocity(transformer, x_sigma, sigma, embeds, pooled)
     return (v.float() - (eps - x0)).pow(2).mean()
-
-
-@torch.no_grad()
-def ema_update(ema_modules, modules, decay: float) -> None:
-    for em, m in zip(ema_modules, modules):
-        for pe, p in zip(em.parameters(), m.parameters()):
-            pe.lerp_(p, 1 - decay)
 
 
 def main(argv=None) -> dict:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from flowrl.data.video_shapes.render import render_batch
 from flowrl.data.video_shapes.splits import sample_prompts
 from flowrl.policies import toy_video_modules as tvm
+from flowrl.policies.toy_modules import ema_update
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,14 +75,6 @@ def rectified_flow_loss(transformer, text_encoder, ids, x0, gen: torch.Generator
     s = sigma.view(b, 1, 1, 1, 1)
     v = tvm.predict_velocity(transformer, (1 - s) * x0 + s * eps, sigma, tvm.encode_text(text_encoder, ids))
     return (v.float() - (eps - x0)).pow(2).mean()
-
-
-@torch.no_grad()
-def ema_update(ema_modules, modules, decay: float) -> None:
-    """θ_ema ← decay·θ_ema + (1 − decay)·θ."""
-    for em, m in zip(ema_modules, modules):
-        for pe, p in zip(em.parameters(), m.parameters()):
-            pe.lerp_(p, 1 - decay)
 
 
 class Run:

@@ -107,6 +107,14 @@ def predict_velocity(transformer, x: Tensor, sigma: Tensor, embeds: Tensor, pool
                        timestep=t, return_dict=False)[0]
 
 
+@torch.no_grad()
+def ema_update(ema_modules, modules, decay: float) -> None:
+    """θ_ema ← decay·θ_ema + (1 − decay)·θ for each module pair (the pretraining scripts' EMA)."""
+    for em, m in zip(ema_modules, modules, strict=True):
+        for pe, p in zip(em.parameters(), m.parameters(), strict=True):
+            pe.lerp_(p, 1 - decay)
+
+
 def save_modules(directory: str | Path, tokenizer, text_encoder, transformer,
                  dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
     """Write ``tokenizer.json``, ``text_encoder/``, ``transformer/`` (safetensors in ``dtype``) and an
