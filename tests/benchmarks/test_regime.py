@@ -32,3 +32,41 @@ def test_mean_se_over_seeds():
     m, se = regime.mean_se([0.1, 0.2, 0.3])
     assert m == pytest.approx(0.2) and se == pytest.approx(0.1 / 3 ** 0.5)
     assert regime.mean_se([0.4]) == (0.4, None)
+
+
+def test_carry_keeps_the_figures_of_the_parts_not_run_and_not_run_names_the_rest(tmp_path, monkeypatch):
+    old = {"bench": "regime", "parts": ["default_job"], "default_job_gain": 0.09, "default_job_runs": [{"seed": 0}],
+           "dts_nfe_to_bestofn": None}
+    path = tmp_path / "regime.json"
+    path.write_text(json.dumps(old) + "\n")
+    monkeypatch.setitem(regime.PARTS, "search", lambda args, out: {"dts_nfe_to_bestofn": 0.4, "search": {}})
+    res = regime.main(["--parts", "search", "--carry", str(path), "--out", str(tmp_path)])
+    assert res["default_job_gain"] == 0.09 and res["default_job_runs"] == [{"seed": 0}]
+    assert res["carried"] == ["default_job"] and res["dts_nfe_to_bestofn"] == 0.4
+    assert res["not_run"] == ["tree_nfe_to_flat_final", "pool_nfe_ratio", "pool_strict_gap", "balancer_worst_margin"]
+
+
+def test_search_prompts_are_the_hardest_skills_and_the_reward_is_strict_plus_weighted_partial():
+    import torch
+
+    from flowrl.bench.benchmarks import regime_search as rs
+    from flowrl.data.shapes.render import render_meta
+    from rewards import RewardSet
+    from rewards.base import make_input
+
+    items = rs.hard_prompts(["counting"], 3)
+    assert len(items) == 3 and all(m["skill"] == "counting" for _, m in items)
+
+    class Identity:                         # the reward sees decode(latents): here the latents are pixels
+        def decode(self, x):
+            return x
+
+    prompt, meta = items[0]
+    pix = torch.stack([torch.from_numpy(render_meta(meta, 0)).float(), torch.rand(3, 32, 32)])  # right, noise
+    score, strict = rs.scorer(Identity(), prompt, meta, 0.5)
+    inp = make_input(pix, [prompt] * 2, torch.zeros(2, dtype=torch.long), [dict(meta)] * 2)
+    partial = RewardSet({"shapes": 1.0})(inp).total
+    exact = RewardSet({"shapes": {"weight": 1.0, "kwargs": {"mode": "strict"}}})(inp).total
+    assert exact.tolist() == [1.0, 0.0] and 0.0 <= float(partial[1]) < 1.0
+    assert torch.allclose(score(pix), exact + 0.5 * partial)
+    assert strict(pix[:1]) == float(exact[0])

@@ -1,7 +1,7 @@
 """Pools benchmark (issue #14 item 5): does a cheap-scout candidate pool keep what
 naive candidate scaling buys, at a fraction of its rollout NFEs?
 
-    python scripts/bench.py pools [--seeds 0,1,2] [--iterations 40] [--quick]
+    python scripts/bench.py pools [--seeds 0,1,2] [--iterations 40] [--steps 8] [--scout-fraction 0.4] [--quick]
 
 Three DiffusionNFT runs per training seed on the shipped toy model, the same number of iterations, through the
 learning-benchmark library (``learning_lib``: held-out strict accuracy, partial credit, palette distance
@@ -19,6 +19,8 @@ final mean strict − plain's at equal iterations (target ≥ 0). Each method's 
 metrics (scout↔regenerated Kendall τ over the kept set, hit rates, kept spread, scout share of the NFEs) are
 read from its metrics.jsonl when the loop logs the rollout stage's metrics.
 
+``--steps`` sets every method's rollout and evaluation steps; ``--scout-fraction`` the pool's x̂0 exit (k =
+round(fraction·steps) calls; 0.25 of 8 exits after 2 calls: 32·3 + 8·5 = 136 forwards per prompt, 0.53× naive).
 The last line printed is the JSON result; ``--quick`` (one seed, 2 iterations, 2 prompts per iteration, 4 eval
 prompts) checks the script end to end in about two minutes, its figures are not results.
 """
@@ -49,6 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all)")
     ap.add_argument("--prompts-per-iter", type=int, default=0, help="override every recipe's (0: keep)")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--steps", type=int, default=0, help="rollout and evaluation steps of every method (0: keep)")
+    ap.add_argument("--scout-fraction", type=float, default=0.0, help="the pool's x0-exit fraction (0: keep)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_pools"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, end-to-end check only")
@@ -101,13 +105,17 @@ def main(argv: list[str]) -> dict:
     extra = [f"run.threads={args.threads}"]
     if args.prompts_per_iter:      # micro-batches of 8 divide any whole number of 8-sample groups
         extra += [f"train.prompts_per_iter={args.prompts_per_iter}", "train.micro_batch=8"]
+    if args.steps:
+        extra += [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     aggs = {}
     res = {"bench": "pools", "quick": args.quick, "seeds": seeds, "iterations": args.iterations,
-           "methods": {}}
+           "steps": args.steps or None, "scout_fraction": args.scout_fraction or None, "methods": {}}
     with rollout_stage_gets_rewards():
         for name in methods:
             recipe, ov = METHODS[name]
+            if name == "pool" and args.scout_fraction:
+                ov = [*ov, f"sampler.pool.scout.fraction={args.scout_fraction}"]
             runs = [L.run_recipe(recipe, seed=s, iterations=args.iterations,
                                  eval_every=max(1, args.iterations // args.evals),
                                  eval_seeds=[int(v) for v in args.eval_seeds.split(",")],

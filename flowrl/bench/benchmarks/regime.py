@@ -1,6 +1,6 @@
 """Regime benchmark: where the card's features pay, and the default job a newcomer runs first.
 
-    python scripts/bench.py regime [--parts default_job] [--seeds 0,1,2] [--out DIR] [--quick]
+    python scripts/bench.py regime [--parts default_job,search,pools] [--seeds 0,1,2] [--out DIR] [--quick]
 
 - ``default_job`` [``default_job_wall_s``, ``default_job_gain``, ``default_job_palette_ratio``]: ``python
   scripts/train.py run.seed=S`` exactly as a newcomer runs it (``configs/default.yaml`` as shipped, one subprocess
@@ -9,10 +9,16 @@
   the drift alarms raised by the "after" evaluation, and whether ``eval/before_after.png`` was written. The headline
   keys are the seed means (``_se``: standard error over seeds); ``default_job_wall_s`` is the slowest seed's wall.
 
-The regime study's keys — ``tree_nfe_to_flat_final``, ``dts_nfe_to_bestofn``, ``pool_nfe_ratio``,
-``pool_strict_gap``, ``balancer_worst_margin`` — are null until their parts run; ``not_run`` names them. The last
-line printed is the JSON result. ``--quick`` (2 iterations, 4 prompts, one seed) checks the script end to end; its
-figures are not results.
+- ``search`` [``dts_nfe_to_bestofn``]: DTS* against best-of-N on a reward best-of-N does not saturate
+  (``regime_search``: strict + 0.5·partial on the relation and counting prompts, 4 samples, 20 steps, CPS
+  expansions; ``--search-seeds``).
+- ``pools`` [``pool_nfe_ratio``, ``pool_strict_gap``]: the pools benchmark (``pools``: candidate-pool NFT against
+  naive 32-in-8 selection, 40 iterations, ``--seeds`` training seeds) at ``--pool-steps`` steps with the pool's
+  x̂0 exit at ``--pool-fraction`` of them.
+
+A study key whose part did not run is null and named in ``not_run``. The last line printed is the JSON result.
+``--quick`` (2 iterations, 4 prompts, one seed; a tiny search) checks the script end to end; its figures are not
+results.
 """
 from __future__ import annotations
 
@@ -26,12 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from flowrl.bench.benchmarks import regime_search
 from flowrl.bench.paths import REPO
 
 STUDY_KEYS = ("tree_nfe_to_flat_final", "dts_nfe_to_bestofn", "pool_nfe_ratio", "pool_strict_gap",
               "balancer_worst_margin")
 TARGETS = {"default_job_wall_s": "<= 300", "default_job_gain": ">= 0.08", "default_job_palette_ratio": "<= 1.25",
-           "default_job_alarms": "none"}
+           "default_job_alarms": "none", "tree_nfe_to_flat_final": "<= 0.7", "dts_nfe_to_bestofn": "<= 0.5",
+           "pool_nfe_ratio": "<= 0.6", "pool_strict_gap": "<= 0.01", "balancer_worst_margin": ">= 0.03"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -40,7 +48,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seeds", default="0,1,2", help="training seeds of the default job")
     ap.add_argument("--out", default=None, help="run directories go here (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="end-to-end check of the script")
+    ap.add_argument("--carry", default=None, help="a previous regime.json: the parts not run now keep its figures")
+    regime_search.add_args(ap)
+    g = ap.add_argument_group("pools")
+    g.add_argument("--pool-steps", type=int, default=8)
+    g.add_argument("--pool-fraction", type=float, default=0.25, help="the pool scout's x0-exit fraction")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.search_prompts, args.search_steps, args.search_fractions = 2, 4, "0.5,1.0"
     args.seeds = [int(s) for s in args.seeds.split(",")][:1 if args.quick else None]
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in args.parts if p not in PARTS]
@@ -98,7 +113,37 @@ def default_job(args, out: Path) -> dict:
             "default_job_runs": runs}
 
 
-PARTS = {"default_job": default_job}
+def search(args, out: Path) -> dict:
+    return regime_search.search(args)
+
+
+def pools(args, out: Path) -> dict:
+    """The pools benchmark's pool and naive methods in the regime chosen by ``--pool-steps``/``--pool-fraction``."""
+    from flowrl.bench.benchmarks import pools as pools_bench
+
+    argv = ["--methods", "naive,pool", "--seeds", ",".join(map(str, args.seeds)), "--steps", str(args.pool_steps),
+            "--scout-fraction", str(args.pool_fraction), "--out", str(out / "pools"), *(["--quick"] * args.quick)]
+    res = pools_bench.main(argv)
+    res.pop("plot", None)
+    return {"pool_nfe_ratio": res.get("pool_nfe_ratio"), "pool_strict_gap": res.get("pool_strict_gap"),
+            "pools": res}
+
+
+PARTS = {"default_job": default_job, "search": search, "pools": pools}
+PART_KEYS = {"default_job": ("default_job_wall_s", "default_job_gain", "default_job_gain_se",
+                             "default_job_palette_ratio", "default_job_palette_ratio_se", "default_job_alarms",
+                             "default_job_runs", "machine_note"),
+             "search": ("dts_nfe_to_bestofn", "search"), "pools": ("pool_nfe_ratio", "pool_strict_gap", "pools")}
+
+
+def carry(result: dict, path: str) -> None:
+    """Copy the figures of the parts ``result`` did not run from a previous result file (``carried`` names them)."""
+    old = json.loads(Path(path).read_text().splitlines()[-1])
+    done = set(old.get("parts", [])) | set(old.get("carried", []))
+    for part, keys in PART_KEYS.items():
+        if part not in result["parts"] and part in done:
+            result.update({k: old[k] for k in keys if k in old})
+            result.setdefault("carried", []).append(part)
 
 
 def main(argv: list[str]) -> dict:
@@ -108,7 +153,10 @@ def main(argv: list[str]) -> dict:
     result.update({k: None for k in STUDY_KEYS})
     for part in args.parts:
         result.update(PARTS[part](args, out))
-    result["not_run"] = list(STUDY_KEYS)
+    if args.carry:
+        carry(result, args.carry)
+    ran = {k for p in [*args.parts, *result.get("carried", [])] for k in PART_KEYS[p]}
+    result["not_run"] = [k for k in STUDY_KEYS if k not in ran]
     result["targets"] = TARGETS
     return result
 

@@ -1,7 +1,7 @@
 """Throughput benchmark (issue 34): each lever measured as a ratio against the exact synchronous path, side by
 side in one run on the shipped toy model.
 
-    python scripts/bench.py throughput [--seeds 0,1,2] [--iterations 20] [--quick]
+    python scripts/bench.py throughput [--seeds 0,1,2] [--iterations 20] [--steps N] [--grpo-window YAML] [--quick]
 
 - **async rewards**: ``configs/toy/grpo.yaml`` (``--async-recipe``) with the reward behind a set latency
   (``rewards.latency``, ``--latency`` seconds per rollout chunk spread per image; default: the measured rollout
@@ -23,6 +23,9 @@ side in one run on the shipped toy model.
 - **compile**: ``compile_max_abs_diff`` = max |compiled − eager| velocity of the toy transformer (inductor); on a
   GPU also the forward time ratio ``compile_forward_ratio`` (null on CPU).
 
+``--steps`` sets every recipe's rollout and evaluation steps (the shipped toy recipes use 8); ``--grpo-window``
+replaces the GRPO recipe's SDE window (e.g. Flow-GRPO-Fast's ``{kind: random, size: 2, window_range: [0, 8]}``:
+two stored SDE steps, ODE elsewhere) in every part that runs GRPO.
 The last line printed is the JSON result; ``--quick`` (1 seed, 2 iterations, tiny batches) checks the script end
 to end in about two minutes, its figures are not results.
 """
@@ -58,6 +61,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all)")
     ap.add_argument("--prompts-per-iter", type=int, default=0, help="override the recipes' (0: keep)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=0, help="rollout and evaluation steps of every recipe (0: keep)")
+    ap.add_argument("--grpo-window", default="", help="sampler.window of every GRPO run (YAML; empty: keep)")
     ap.add_argument("--skip", default="", help="parts to skip: async,accel,gain,compile")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_throughput"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, end-to-end check only")
@@ -68,9 +73,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def common(args, name: str) -> list[str]:
+def regime(args, recipe: str) -> list[str]:
+    """The overrides of ``--steps`` and (for GRPO recipes) ``--grpo-window``."""
+    ov = [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"] if args.steps else []
+    return ov + ([f"sampler.window={args.grpo_window}"] if args.grpo_window and "grpo" in recipe else [])
+
+
+def common(args, name: str, recipe: str) -> list[str]:
     ov = [f"run.threads={args.threads}", f"run.output_dir={args.out}", f"run.name={name}", "log.progress=false",
-          "eval.before=false", "eval.after=false", "checkpoint.every=0", "run.restart=true"]
+          "eval.before=false", "eval.after=false", "checkpoint.every=0", "run.restart=true", *regime(args, recipe)]
     return ov + ([f"train.prompts_per_iter={args.prompts_per_iter}"] if args.prompts_per_iter else [])
 
 
@@ -84,7 +95,7 @@ def trainer(recipe: str, overrides: list[str]):
 # ------------------------------------------------------------------------------------------------- async
 
 def async_part(args) -> dict:
-    base = common(args, "async") + [f"sampler.chunk={args.chunk}"]
+    base = common(args, "async", args.async_recipe) + [f"sampler.chunk={args.chunk}"]
     latency = args.latency
     if latency is None:                              # reward latency ≈ the rollout time of one chunk
         t = trainer(args.async_recipe, base)
@@ -135,12 +146,12 @@ def rollout_wall(recipe: str, overrides: list[str], repeats: int) -> float:
 
 
 def accel_part(args) -> dict:
-    exact = rollout_wall("nft", common(args, "accel_exact"), args.repeats)
-    ratios = {k: rollout_wall("nft", common(args, f"accel_{k}") + [f"sampler.accelerate={v}"], args.repeats) / exact
-              for k, v in ACCEL.items()}
-    grpo_exact = rollout_wall("grpo", common(args, "accel_grpo_exact"), args.repeats)
-    grpo = rollout_wall("grpo", common(args, "accel_grpo") + [f"sampler.accelerate={ACCEL[args.accel]}",
-                                                              CORRECTION], args.repeats)
+    exact = rollout_wall("nft", common(args, "accel_exact", "nft"), args.repeats)
+    ratios = {k: rollout_wall("nft", common(args, f"accel_{k}", "nft") + [f"sampler.accelerate={v}"],
+                              args.repeats) / exact for k, v in ACCEL.items()}
+    grpo_exact = rollout_wall("grpo", common(args, "accel_grpo_exact", "grpo"), args.repeats)
+    grpo = rollout_wall("grpo", common(args, "accel_grpo", "grpo") + [f"sampler.accelerate={ACCEL[args.accel]}",
+                                                                      CORRECTION], args.repeats)
     return {"accel_rollout_ratio": ratios[args.accel], "accel": args.accel, "accel_rollout_ratios_nft": ratios,
             "accel_rollout_exact_s_nft": exact, "accel_rollout_ratio_grpo_corrected": grpo / grpo_exact}
 
@@ -168,7 +179,7 @@ def gain_part(args) -> dict:
                     recipe, seed=seed, iterations=args.iterations, eval_every=0,
                     eval_seeds=[int(s) for s in args.eval_seeds.split(",")], out_dir=args.out,
                     name=f"gain_{recipe}_{arm}_s{seed}", eval_prompts=args.eval_prompts or None,
-                    overrides=[*extra, f"run.threads={args.threads}", *ov])
+                    overrides=[*extra, f"run.threads={args.threads}", *regime(args, recipe), *ov])
                 gains[arm].append(r["after"]["strict"] - r["before"]["strict"])
                 if arm == "accel" and recipe == "grpo":
                     drifts.append(drift(r["run_dir"]))
@@ -229,5 +240,6 @@ def main(argv: list[str]) -> dict:
             result.update(fn(args))
             result[f"{name}_bench_s"] = time.perf_counter() - t0
     result["quick"] = bool(args.quick)
+    result["steps"], result["grpo_window"] = args.steps or None, args.grpo_window or None
     result["machine"] = learning_lib.machine()
     return result
