@@ -66,8 +66,8 @@ def test_each_guidance_term_is_a_retained_forward():
 def test_tiny_counts_equal_the_policy_and_the_probe_runs():
     import json
 
-    from flowrl.policies.ltx2 import Config, LTX2Policy
     from flowrl.policies.lora import LoraConfig
+    from flowrl.policies.ltx2 import Config, LTX2Policy
 
     lora = LoraConfig(rank=2, alpha=4, target_modules=("to_q", "to_v"))
     policy = LTX2Policy.tiny(config=Config(lora=lora, max_sequence_length=16))
