@@ -1,10 +1,41 @@
-"""``scripts/bench.py gpu --families ltx2`` (flowrl/bench/gpu_ltx2.py) on CPU: the full-size setup builds on the meta
-device (19B transformer, the bench's text side and decoders at the widths and factors it reads, the policy with its
-LoRA) and the whole bench runs at tiny scale with flowrl's rollout equal to the stock pipeline's."""
+"""``scripts/bench.py gpu --families ltx2`` (flowrl/bench/gpu_ltx2.py) on CPU: configs/gpu/ltx2_transformer.json against
+the conversion script's LTX-2.0 config, the full-size setup builds on the meta device (19B transformer, the bench's
+text side and decoders at the widths and factors it reads, the LoRA targets) and the whole bench runs at tiny scale
+with flowrl's rollout equal to the stock pipeline's."""
+import inspect
 import json
 
 import pytest
 import torch
+
+# The "2.0" diffusers_config of huggingface/diffusers scripts/convert_ltx2_to_diffusers.py::get_ltx2_transformer_config
+# (commit 8d8a656; the script converts Lightricks/LTX-2's ltx-2-19b-dev.safetensors into the diffusers layout). The hub
+# repo's transformer/config.json itself is not reachable offline.
+CONVERSION_2_0 = {
+    "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+    "attention_head_dim": 128, "cross_attention_dim": 4096, "vae_scale_factors": [8, 32, 32], "pos_embed_max_pos": 20,
+    "base_height": 2048, "base_width": 2048, "audio_in_channels": 128, "audio_out_channels": 128,
+    "audio_patch_size": 1, "audio_patch_size_t": 1, "audio_num_attention_heads": 32, "audio_attention_head_dim": 64,
+    "audio_cross_attention_dim": 2048, "audio_scale_factor": 4, "audio_pos_embed_max_pos": 20,
+    "audio_sampling_rate": 16000, "audio_hop_length": 160, "num_layers": 48, "activation_fn": "gelu-approximate",
+    "qk_norm": "rms_norm_across_heads", "norm_elementwise_affine": False, "norm_eps": 1e-6, "caption_channels": 3840,
+    "attention_bias": True, "attention_out_bias": True, "rope_theta": 10000.0, "rope_double_precision": True,
+    "causal_offset": 1, "timestep_scale_multiplier": 1000, "cross_attn_timestep_scale_multiplier": 1000,
+    "rope_type": "split"}
+
+
+def test_config_is_the_conversion_scripts_and_class_defaults_elsewhere():
+    """Every key the LTX-2.0 conversion sets equals the repo's file; every other key (the LTX-2.3 switches: gated
+    attention, prompt modulation, perturbed attention, keyframe embedding, …) is the class default, i.e. off."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    cfg = _bench().load_config("ltx2")
+    assert {k: cfg[k] for k in CONVERSION_2_0} == CONVERSION_2_0
+    defaults = {k: p.default for k, p in inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters.items()
+                if k != "self"}
+    rest = {k: v for k, v in cfg.items() if k not in CONVERSION_2_0 and k[0] != "_"}
+    assert rest and rest == {k: defaults[k] for k in rest}
+    assert set(cfg) - {"_class_name"} == set(defaults)                   # no key missing, none unknown
 
 
 def _bench():
