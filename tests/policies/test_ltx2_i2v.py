@@ -8,7 +8,7 @@ import torch
 from flowrl.eval.sample import ode_sample
 from flowrl.policies.ltx2 import Config, LTX2Policy
 from flowrl.policies.ltx2_image import first_frame_latents, i2v_pipe
-from tests.policies.conftest import generators
+from tests.policies.conftest import assert_sde_log_probs_are_normal, generators
 
 PROMPTS = ["a red ball rolls to the left", "a cat walking on the beach"]
 H = W = 32
@@ -116,6 +116,7 @@ def test_a_row_without_image_is_a_text_to_video_row(setup):
     torch.testing.assert_close(mixed[1], t2v[1], atol=1e-5, rtol=0)
     torch.testing.assert_close(mixed[0], i2v[0], atol=1e-5, rtol=0)
     assert (mixed[0] - t2v[0]).abs().max() > 1e-3                            # the image changes row 0
+    assert_sde_log_probs_are_normal(policy, x, policy.encode(PROMPTS, images=[[images[0]], None]), 0.8, 0.6, 3.0)
     with pytest.raises(ValueError, match="one size"):
         policy.encode(PROMPTS, images=[[images[0]], [torch.rand(3, 2 * H, W)]])
 
