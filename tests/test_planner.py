@@ -20,7 +20,7 @@ def flat_activations(monkeypatch):
     monkeypatch.setattr(activations, "coefficients", lambda *a, **kw: k)
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "wan22", "wan22_ti2v", "hunyuan15"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "wan22", "wan22_ti2v", "hunyuan15", "ltx2"])
 def test_transformer_counts_equal_meta_instantiation(family):
     from flowrl.bench.benchmarks.gpu import build_transformer
     from flowrl.bench.benchmarks.gpu import load_config as published

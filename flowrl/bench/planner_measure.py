@@ -124,7 +124,8 @@ def measure(quick: bool = False) -> dict:
             "cases": cases}
 
 
-RECIPE_DIRS = ("configs/sd35", "configs/flux", "configs/wan21", "configs/toy", "configs/wan22", "configs/hunyuan15")
+RECIPE_DIRS = ("configs/sd35", "configs/flux", "configs/wan21", "configs/toy", "configs/wan22", "configs/hunyuan15",
+               "configs/ltx2")
 
 
 def recipe_table(gpu_mem: float = 80.0) -> str:

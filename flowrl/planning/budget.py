@@ -71,7 +71,12 @@ def guidance(cfg) -> tuple[float, float]:
 
 def cfg_rows(family: str, cfg, w: float, grad: bool) -> int:
     """Rows per requested row: 2 with CFG in one batch (SD3, toy) or, under grad, two retained forwards (Wan,
-    FLUX true CFG); 1 otherwise."""
+    FLUX true CFG); LTX-2 under grad: one retained forward per guidance term on (CFG, STG, modality); 1 otherwise."""
+    if family == "ltx2":             # audio scales: the field, or the video one (ltx2_guidance._scales)
+        pc = cfg.policy.config
+        terms = (max(w, pc.audio_guidance or w) > 1, max(pc.stg_scale, pc.audio_stg_scale or pc.stg_scale) > 0,
+                 max(pc.modality_scale, pc.audio_modality_scale or pc.modality_scale) > 1)
+        return 1 + sum(terms) if grad else 1
     if family == "flux":
         return 2 if grad and getattr(cfg.policy.config, "true_cfg", 1.0) > 1 else 1
     return 2 if w > 1 and (family in CFG_ONE_BATCH or grad) else 1
@@ -122,13 +127,14 @@ def plan(cfg, gpus: int = 1, gpu_mem: float = 80.0, remedies: bool = True) -> Pl
     if c.vae:
         items["VAE (float32)"] = c.vae * 4
     w, tw = guidance(cfg)
-    g = geometry(family, c.config, load.tiny, s.height, s.width, s.num_frames, getattr(pc, "max_sequence_length", None))
+    g = geometry(family, c.config, load.tiny, s.height, s.width, s.num_frames, getattr(pc, "max_sequence_length", None),
+                 getattr(pc, "frame_rate", 24.0))
     states = 3 * stored_steps(cfg) + 1 if trajectory else 1
     uncond = 2 if w > 1 or getattr(pc, "true_cfg", 1.0) > 1 else 1
     items["stored samples"] = local * (g.latent * 4 * states + g.cond * e * uncond + g.pixels * 4)
     units = len(c.blocks) / (2 if family == "flux" else 1)
     k = coefficients(family, json.dumps(c.config, sort_keys=True), lora.rank if lora is not None else None,
-                     g.image_tokens, g.text_tokens)
+                     g.image_tokens, g.text_tokens, g.audio_tokens)
     unit = g.tokens * g.width * ec
     chunk = min(s.chunk or local, local)
     rollout = chunk * cfg_rows(family, cfg, w, False) * unit * k.forward

@@ -2,11 +2,14 @@
 
 Transformer: the published ``config.json`` in ``configs/gpu/`` for the family (SD3.5-Medium, FLUX.1-dev,
 Wan2.1-T2V-1.3B, Wan2.2 T2V/I2V-A14B (one expert; ``EXPERTS`` counts the resident copies) and TI2V-5B,
-HunyuanVideo-1.5 480p), a local checkpoint's ``transformer/config.json``, the toy's shipped config or the tiny preset.
+HunyuanVideo-1.5 480p, LTX-2), a local checkpoint's ``transformer/config.json``, the toy's shipped config or the
+tiny preset.
 Derived sizes for the hub ids the recipes may name instead: Wan2.1-T2V-14B (40 heads × 128, FFN 13824, 40 layers)
 and SD3.5-Large (38 layers, 38 heads, caption projection 2432, no dual attention), from their published configs.
 Text encoders and VAE: the published architectures (CLIP-L/14, OpenCLIP bigG, T5-v1.1-XXL, UMT5-XXL encoders;
-the SD3/FLUX AutoencoderKL, AutoencoderKLWan) built on the meta device; the toy's from its shipped configs.
+the SD3/FLUX AutoencoderKL, AutoencoderKLWan; LTX-2's Gemma 3 12B with its SigLIP tower, and the diffusers
+constructor defaults of LTX2TextConnectors, both LTX-2 VAEs and the vocoder) built on the meta device; the toy's from
+its shipped configs.
 LoRA: r·(d_in + d_out) for every ``nn.Linear`` whose name matches a target as peft matches it (the name, or a
 dotted suffix), per adapter.
 """
@@ -24,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer.json",
              "wan": "wan21_t2v_1.3b_transformer.json", "wan22": "wan22_t2v_a14b_transformer.json",
              "wan22_i2v": "wan22_i2v_a14b_transformer.json", "wan22_ti2v": "wan22_ti2v_5b_transformer.json",
-             "hunyuan15": "hunyuan15_480p_t2v_transformer.json"}
+             "hunyuan15": "hunyuan15_480p_t2v_transformer.json", "ltx2": "ltx2_transformer.json"}
 WAN = ("wan", "wan22", "wan22_i2v", "wan22_ti2v")
 EXPERTS = {"wan22": 2, "wan22_i2v": 2}        # transformers resident (Wan2.2-A14B: high- and low-noise experts)
 DERIVED = {("wan", "14b"): {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
@@ -32,7 +35,7 @@ DERIVED = {("wan", "14b"): {"num_attention_heads": 40, "ffn_dim": 13824, "num_la
                               "dual_attention_layers": [], "pos_embed_max_size": 192}}
 BLOCKS = {"sd3": ("transformer_blocks",), "toy": ("transformer_blocks",), "wan": ("blocks",),
           "flux": ("transformer_blocks", "single_transformer_blocks"), "wan22": ("blocks",), "wan22_i2v": ("blocks",),
-          "wan22_ti2v": ("blocks",), "hunyuan15": ("transformer_blocks",)}
+          "wan22_ti2v": ("blocks",), "hunyuan15": ("transformer_blocks",), "ltx2": ("transformer_blocks",)}
 # Qwen2.5-VL-7B's text model (HunyuanVideo-1.5's MLLM encoder) and ByT5-small (its glyph encoder), published configs
 QWEN25_VL_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
                 "num_key_value_heads": 4, "vocab_size": 152064}
@@ -42,12 +45,21 @@ BYT5_SMALL = {"d_model": 1472, "d_ff": 3584, "d_kv": 64, "num_heads": 6, "num_la
 WAN22_VAE = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "is_residual": True, "in_channels": 12,
              "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16, "latents_mean": [0.0] * 48,
              "latents_std": [1.0] * 48}
+# Gemma 3 12B (LTX-2's text encoder), google/gemma-3-12b-it config.json: text width 3840 = the transformer's
+# caption_channels, 48 layers (+ the embeddings = the connectors' text_proj_in_factor 49); SigLIP-so400m tower
+GEMMA3_12B = {"text_config": {"hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
+                              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+                              "vocab_size": 262208},
+              "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                                "num_attention_heads": 16, "image_size": 896, "patch_size": 14},
+              "mm_tokens_per_image": 256}
 CLIP_L = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
           "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}
 CLIP_G = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
           "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 77, "hidden_act": "gelu"}
 T5_XXL = {"d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
           "feed_forward_proj": "gated-gelu"}
+VAE_PARTS = ("vae", "audio_vae", "vocoder")     # decoders kept in float32 (LTX-2: video, audio VAE and vocoder)
 SD3_VAE = {"in_channels": 3, "out_channels": 3, "down_block_types": ("DownEncoderBlock2D",) * 4,
            "up_block_types": ("UpDecoderBlock2D",) * 4, "block_out_channels": (128, 256, 512, 512),
            "layers_per_block": 2, "latent_channels": 16, "use_quant_conv": False, "use_post_quant_conv": False}
@@ -114,6 +126,10 @@ def tiny_components(family: str) -> dict:
     variants = {"wan22": "t2v-a14b", "wan22_i2v": "i2v-a14b", "wan22_ti2v": "ti2v-5b"}
     if family in variants:
         return tiny.wan22_components(0, variants[family])[0]
+    if family == "ltx2":
+        from flowrl.policies.tiny_ltx2 import ltx2_components
+
+        return ltx2_components()
     return {"sd3": tiny.sd3_components, "flux": tiny.flux_components, "wan": tiny.wan_components,
             "hunyuan15": tiny.hunyuan15_components}[family]()
 
@@ -165,7 +181,8 @@ def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str,
         if family == "toy":
             return {"text_encoder": numel(toy_modules.build_modules("tiny")[1])}, 0
         comps = tiny_components(family)
-        return {k: numel(v) for k, v in comps.items() if k.startswith("text_encoder")}, numel(comps["vae"])
+        return ({k: numel(v) for k, v in comps.items() if k.startswith("text_encoder") or k == "connectors"},
+                sum(numel(comps[k]) for k in VAE_PARTS if k in comps))
     from transformers import (
         CLIPTextConfig,
         CLIPTextModel,
@@ -187,6 +204,8 @@ def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str,
             umt5 = UMT5EncoderModel(UMT5Config(**{**T5_XXL, "vocab_size": 256384}))   # T5-XXL, the mT5 vocab
             vae = AutoencoderKLWan(**WAN22_VAE) if family == "wan22_ti2v" else AutoencoderKLWan()
             return {"text_encoder": numel(umt5)}, numel(vae)
+        if family == "ltx2":
+            return ltx2_encoder_counts()
         if family == "hunyuan15":
             from diffusers import AutoencoderKLHunyuanVideo15
             from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
@@ -203,3 +222,16 @@ def encoder_counts(family: str, path: str | None, tiny: bool) -> tuple[dict[str,
         return {"text_encoder": numel(CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_L))),
                 "text_encoder_2": numel(CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G))),
                 "text_encoder_3": t5}, vae
+
+
+def ltx2_encoder_counts() -> tuple[dict[str, int], int]:
+    """({Gemma 3 12B, connectors}, video VAE + audio VAE + vocoder) of LTX-2, on the meta device."""
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    with torch.device("meta"):
+        gemma = numel(Gemma3ForConditionalGeneration(Gemma3Config(**GEMMA3_12B)))
+        return ({"text_encoder": gemma, "connectors": numel(LTX2TextConnectors())},
+                numel(AutoencoderKLLTX2Video()) + numel(AutoencoderKLLTX2Audio()) + numel(LTX2Vocoder()))

@@ -23,6 +23,8 @@ Defaults are the stock pipeline's (CFG 3, audio CFG 7, STG 1 at block 28, modali
 evaluations a step); the Flow-Factory recipe (``configs/ltx2/``) turns all of them off for training.
 LoRA: r64/α128 on Flow-Factory's 28 Linear layers of every block (``LTX2_TARGETS``), exported to the
 ``LTX2LoraLoaderMixin`` layout.
+Image-to-video (``LTX2ImageToVideoPipeline``, the same checkpoint): ``encode(..., images=...)`` takes an optional
+first frame per prompt; ``ltx2_image.py`` holds the conditioning (clean latent frame 0, its tokens at t = 0).
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ class Config:
     frame_rate: float = 24.0                # fps: RoPE coordinates and the audio length
     use_cross_timestep: bool = True         # the pipeline's default (LTX-2.3 behaviour; False = LTX-2.0)
     max_sequence_length: int = 1024
+    image_crf: int | None = None            # first frames' H.264 CRF (None → the pipeline's: 33 for Gemma 3; 0 off)
     lora: LoraConfig | None = field(default_factory=lambda: LoraConfig(rank=64, alpha=128,
                                                                        target_modules=LTX2_TARGETS))
     keep_base: bool = True
@@ -88,6 +91,7 @@ class LTX2Policy(PolicyBase):
     index_entries = {"connectors": ["ltx2", "LTX2TextConnectors"], "vocoder": ["ltx2", "LTX2Vocoder"]}
     spatial_multiple = 32
     tiny_spatial_multiple = 2
+    accepts_images = True                   # optional first frames (image-to-video)
 
     def __init__(self, components: dict, config: Config | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None):
@@ -158,8 +162,11 @@ class LTX2Policy(PolicyBase):
     def encode(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                cfg: bool = True, images: Sequence | None = None) -> Cond:
         """The pipeline's ``encode_prompt`` (Gemma hidden states, left padding) through the connectors: video and audio
-        prompt embeddings + the connector mask; uncond from ``negative_prompts`` (default "")."""
-        self.check_images(images, len(prompts))       # raises: text-to-video only
+        prompt embeddings + the connector mask; uncond from ``negative_prompts`` (default ""); ``images`` (length B,
+        each a list of (3, H, W) [0, 1] tensors or None): each row's first image (``ltx2_image``)."""
+        from flowrl.policies.ltx2_image import store_first_frames
+
+        self.check_images(images, len(prompts))
         prompts = list(prompts)
 
         def enc(texts):
@@ -170,7 +177,7 @@ class LTX2Policy(PolicyBase):
             return dict(zip(EMBEDS, self.pipe.connectors(pe, mask, padding_side=side), strict=True))
 
         neg = [""] * len(prompts) if negative_prompts is None else list(negative_prompts)
-        return Cond(enc(prompts), enc(neg) if cfg else None, prompts)
+        return store_first_frames(self, Cond(enc(prompts), enc(neg) if cfg else None, prompts), images, len(prompts))
 
     def sigmas(self, num_steps: int, latents: Tensor) -> Tensor:
         """``linspace(1, 1/N, N)`` shifted with μ = calculate_shift(video tokens, ...), then 0 (pipeline step 5)."""
@@ -188,10 +195,11 @@ class LTX2Policy(PolicyBase):
 
     # ---- velocity ----------------------------------------------------------------------------------------
     def velocity(self, x: Tensor, sigma: Tensor | float, cond: Cond, guidance: float | None = None) -> Tensor:
-        """v(x, σ) (B, N) float32 for both streams: the pipeline's composite guidance in x₀ space."""
-        from flowrl.policies.ltx2_guidance import guided_velocity
+        """v(x, σ) (B, N) float32 for both streams: the pipeline's composite guidance in x₀ space (with a first
+        frame: the I2V pipeline's conditioning, ``ltx2_image.image_velocity``)."""
+        from flowrl.policies.ltx2_image import image_velocity
 
-        return guided_velocity(self, x, sigma_batch(sigma, x.shape[0], x.device), cond, guidance)
+        return image_velocity(self, x, sigma_batch(sigma, x.shape[0], x.device), cond, guidance)
 
     # ---- decode ------------------------------------------------------------------------------------------
     @torch.no_grad()

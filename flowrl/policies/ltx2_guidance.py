@@ -8,6 +8,8 @@ Per stream (video, audio), in x₀ space (``convert_velocity_to_x0``: x₀ = x �
 x_u: the negative prompt (CFG runs when ``cond.uncond`` is set and w > 1 or the audio w > 1); x_stg: the positive
 prompt with self-attention replaced by its values at ``stg_blocks`` (when either stg > 0); x_iso: the positive prompt
 with audio↔video cross-attention off (when either m > 1). Audio scales: ``config.audio_* or`` the video value.
+Image-to-video (``ltx2_image.py``): with the conditioning mask κ (B, 1, F', H', W') the video timestep is per token,
+``t·(1 − κ)`` packed as the tokens (``LTX2ImageToVideoPipeline``); the audio timestep and σ stay t.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ def _scales(policy, guidance: float | None, cond: Cond) -> dict:
             "rescale": (c.guidance_rescale, c.audio_guidance_rescale or c.guidance_rescale)}
 
 
-def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: float | None) -> Tensor:
-    """v (B, N) float32 of both streams (module docstring); σ (B,)."""
+def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: float | None,
+                    video_mask: Tensor | None = None) -> Tensor:
+    """v (B, N) float32 of both streams (module docstring); σ (B,); ``video_mask``: κ of image-to-video or None."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
     from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
@@ -44,13 +47,15 @@ def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: floa
     coords = {"video_coords": base.rope.prepare_video_coords(b, f // pt, h // ps, w // ps, x.device, fps=fps),
               "audio_coords": base.audio_rope.prepare_audio_coords(b, audio.shape[2], x.device)}
     t = sigma * 1000.0
+    tv = t if video_mask is None else t.unsqueeze(-1) * (1 - pipe._pack_latents(video_mask, ps, pt).squeeze(-1))
     module = policy._transformer_module()
 
     def forward(embeds: dict, stg=None, isolate=False) -> tuple[Tensor, Tensor]:
         mask, ev, ea = embeds["attention_mask"], embeds["video_embeds"], embeds["audio_embeds"]
         ov, oa = module(hidden_states=hv.to(policy.dtype), audio_hidden_states=ha.to(policy.dtype),
                         encoder_hidden_states=ev, audio_encoder_hidden_states=ea,
-                        timestep=t, sigma=t, encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
+                        timestep=tv, audio_timestep=t, sigma=t, encoder_attention_mask=mask,
+                        audio_encoder_attention_mask=mask,
                         num_frames=f // pt, height=h // ps, width=w // ps, fps=fps, audio_num_frames=audio.shape[2],
                         isolate_modalities=isolate, spatio_temporal_guidance_blocks=stg, perturbation_mask=None,
                         use_cross_timestep=cfg.use_cross_timestep, return_dict=False, **coords)

@@ -80,7 +80,7 @@ def ltx2_components(seed: int = 0) -> dict:
                           resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]], leaky_relu_negative_slope=0.1,
                           output_sampling_rate=16000)
     # dynamic shift with the pipeline's LTX-2 fallbacks (calculate_shift 1024/4096/0.95/2.05) and a terminal σ of 0.1
-    # (exercises shift_terminal; the hub scheduler config was not read here)
+    # (diffusers convert_ltx2_to_diffusers.py builds the pipeline with this scheduler)
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
                                                 base_image_seq_len=1024, max_image_seq_len=4096, shift_terminal=0.1)
     return {"transformer": transformer, "vae": vae, "audio_vae": audio_vae, "scheduler": scheduler,

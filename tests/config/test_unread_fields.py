@@ -43,6 +43,8 @@ CONDITIONAL = [
     ("policy.stg_blocks", lambda c: bool(getattr(c.policy.config, "stg_scale", 0)
                                          or getattr(c.policy.config, "audio_stg_scale", 0)),
      "LTX-2's STG blocks are read only when spatio-temporal guidance is on"),
+    ("policy.image_crf", lambda c: c.data.train.endswith(".jsonl") and '"image' in Path(c.data.train).read_text(),
+     "LTX-2 re-compresses first frames only: a text-to-video run has none"),
     ("train.ema_every", lambda c: c.train.ema_decay is not None, "the eval EMA's interval: off when ema_decay null"),
     ("dist.reshard_after_forward", lambda c: c.dist.fsdp,
      "read when the policy is sharded (dist.fsdp on more than one process); the test runs one process"),
@@ -70,8 +72,9 @@ FAMILY_OVERRIDES = {
                   "sampler.steps=4", "sampler.eval_steps=2"],
     "hunyuan15": ["policy.max_sequence_length=300", "sampler.height=8", "sampler.width=8", "sampler.num_frames=5",
                   "sampler.steps=2"],
+    # first frames without the H.264 round trip (PyAV is not a dependency)
     "ltx2": ["policy.max_sequence_length=8", "sampler.height=8", "sampler.width=8", "sampler.num_frames=9",
-             "sampler.steps=4", "sampler.window.window_range=[0, 3]"],
+             "sampler.steps=4", "sampler.window.window_range=[0, 3]", "policy.image_crf=0"],
 }
 VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15", "ltx2")
 OFFLINE_REWARDS = ("toy", "toy_video")   # the shapes worlds: their verifiers run offline, the recipe's LoRA is kept

@@ -5,10 +5,12 @@ random weights.
     python scripts/bench.py gpu --families flux --steps 4
     python scripts/bench.py gpu --families flux2_klein,zimage --no-streaming   # the 2026 families (gpu_families.py)
     python scripts/bench.py gpu --families wan22,hunyuan15 --no-streaming   # the 2026 video families (opt-in)
+    python scripts/bench.py gpu --families ltx2 --no-streaming        # LTX-2 19B, video + audio (gpu_ltx2.py)
 
 ``wan22`` builds both Wan2.2-T2V-A14B experts (2 × 14.3B, boundary 0.875; LoRA on the high-noise expert, the
 policy's default) at 480×832×33; ``hunyuan15`` HunyuanVideo-1.5 (8.3B) at 480×848×33 with its guider's CFG 6.0.
-Both are opt-in: the default run keeps its 8-minute size.
+``ltx2`` LTX-2 (18.9B, joint video + audio) at 512×768×121 with its four-call
+guidance (``flowrl/bench/gpu_ltx2.py``). All three are opt-in: the default run keeps its 8-minute size.
 
 Not yet run on a GPU (written and smoke-tested at ``--scale tiny`` on CPU); the sizes below are chosen to fit the
 8-minute target and ``--budget-s`` (default 420) skips, and names, every part not started by then.
@@ -53,6 +55,7 @@ from contextlib import nullcontext
 import torch
 
 from flowrl.bench import gpu_families as new
+from flowrl.bench import gpu_ltx2 as ltx2
 from flowrl.bench.gpu_encoders import clip_encoder, family_vae, hunyuan_text, t5_encoder
 from flowrl.bench.paths import REPO
 
@@ -61,21 +64,21 @@ CONFIGS = {"sd3": "sd35_medium_transformer.json", "flux": "flux1_dev_transformer
            "wan": "wan21_t2v_1.3b_transformer.json", "qwen_image": "qwen_image_transformer.json",
            "wan22": "wan22_t2v_a14b_transformer.json", "wan22_i2v": "wan22_i2v_a14b_transformer.json",
            "wan22_ti2v": "wan22_ti2v_5b_transformer.json", "hunyuan15": "hunyuan15_480p_t2v_transformer.json",
-           **new.CONFIGS}
+           "ltx2": ltx2.CONFIG, **new.CONFIGS}
 # benched families (wan22: both A14B experts, boundary 0.875)
-FAMILIES = ("sd3", "flux", "wan", "qwen_image", *new.CONFIGS, "wan22", "hunyuan15")
+FAMILIES = ("sd3", "flux", "wan", "qwen_image", *new.CONFIGS, "wan22", "hunyuan15", "ltx2")
 # family: (height, width, frames, batch) at full scale / tiny scale
 GEOMETRY = {"full": {"sd3": (512, 512, None, 2), "flux": (512, 512, None, 2), "wan": (480, 832, 33, 1),
                      "qwen_image": (512, 512, None, 1), "wan22": (480, 832, 33, 1), "hunyuan15": (480, 848, 33, 1)},
             "tiny": {"sd3": (32, 32, None, 2), "flux": (32, 32, None, 2), "wan": (32, 32, 5, 1),
                      "qwen_image": (32, 32, None, 1), "wan22": (32, 32, 5, 1), "hunyuan15": (32, 32, 5, 1)}}
 for _scale in GEOMETRY:
-    GEOMETRY[_scale].update(new.GEOMETRY[_scale])
+    GEOMETRY[_scale].update(new.GEOMETRY[_scale], ltx2=ltx2.GEOMETRY[_scale])
 PROMPTS = ["a red circle left of a blue square", "a photo of a cat", "a dog", "a tree"]
 # flow_sde `a` of the recipes (Flow-GRPO: 0.7 SD3.5, 0.9 FLUX; Flow-Factory Qwen-Image 1.0, Wan2.2 0.9;
 # HunyuanVideo-1.5: no anchor, 0.7)
 NOISE_LEVEL = {"sd3": 0.7, "flux": 0.9, "wan": 0.7, "qwen_image": 1.0, "wan22": 0.9, "hunyuan15": 0.7,
-               **new.NOISE_LEVEL}
+               "ltx2": ltx2.NOISE_LEVEL, **new.NOISE_LEVEL}
 CHECKPOINTED = ("wan", "qwen_image", "wan22", "hunyuan15")   # families benched with gradient checkpointing
 WARMUP_STEPS = 2                                       # Qwen-Image's shift_terminal grid needs >= 2 steps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -84,7 +87,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default="sd3,flux,wan,qwen_image",
-                    help="comma-separated subset of " + ", ".join(FAMILIES) + " (wan22, hunyuan15 opt-in)")
+                    help="comma-separated subset of " + ", ".join(FAMILIES) + " (wan22, hunyuan15, ltx2 opt-in)")
     ap.add_argument("--steps", type=int, default=10, help="sampling steps of every rollout")
     ap.add_argument("--scale", choices=("full", "tiny"), default="full", help="tiny: shrunk configs (CPU smoke run)")
     ap.add_argument("--device", default="cuda")
@@ -111,6 +114,8 @@ def shrink(family: str, cfg: dict) -> dict:
     """The same architecture at test size (2 blocks, 2×16 heads, 64-wide text), for ``--scale tiny``."""
     if family in new.CONFIGS:
         return new.shrink(family, cfg)
+    if family == "ltx2":
+        return ltx2.shrink(cfg)
     small = {**cfg, "num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16}
     if family == "sd3":
         small.update(caption_projection_dim=32, joint_attention_dim=64, pooled_projection_dim=64,
@@ -152,6 +157,8 @@ def components(family: str, transformer, dtype: torch.dtype, device=None) -> dic
 
     if family in new.CONFIGS:
         return new.components(family, transformer, dtype, device)
+    if family == "ltx2":
+        return ltx2.components(transformer, dtype, device)
     c = transformer.config
     torch.manual_seed(1)
     if family == "sd3":   # CLIP-L + CLIP-G widths split the pooled width 3:5 (768 + 1280 = 2048)
@@ -224,6 +231,8 @@ def pipeline_call(family, pipe, x, steps, geometry, seq_len, policy=None):
     """The stock pipeline from latents ``x`` (flowrl's unpacked layout) → final latents (unpacked)."""
     if family in new.CONFIGS:
         return new.pipeline_call(family, policy, x, steps, geometry, seq_len, PROMPTS)
+    if family == "ltx2":
+        return ltx2.pipeline_call(policy, x, steps, geometry, seq_len, PROMPTS)
     h, w, frames, _ = geometry
     kw = {"prompt": PROMPTS[:x.shape[0]], "num_inference_steps": steps, "max_sequence_length": seq_len,
           "output_type": "latent"}
@@ -300,6 +309,7 @@ def bench_family(family: str, args) -> dict:
     cls = POLICIES.get(family)
     short = {"max_sequence_length": 300} if family == "hunyuan15" and args.scale == "tiny" else {}   # CPU smoke
     config = (new.bench_config(cls, family) if family in new.CONFIGS    # Wan video / Qwen 20B activations
+              else ltx2.bench_config(cls, args.scale) if family == "ltx2"
               else cls.config_class(gradient_checkpointing=family in CHECKPOINTED, **short))
     flags = {"boundary_ratio": 0.875} if family == "wan22" else {}        # Wan2.2-T2V-A14B's model_index value
     policy = cls(components(family, transformer, dtype), config, device, dtype, **flags)   # adds "train"/"old" LoRA
