@@ -112,13 +112,16 @@ LAB_RUN_FILES = ("flowrl/bench/learning_lib.py",)  # (how a recipe is trained, c
 
 def digested_files(roots: tuple[str, ...] = ("flowrl", "samplers", "rewards")) -> list[Path]:
     """The files that affect a run, as ``code_digest`` reads them: everything under ``roots`` but the lab
-    (``flowrl/bench``: benchmarks, statistics, plots, carrying), plus the lab's ``LAB_RUN_FILES``."""
+    (``flowrl/bench``: benchmarks, statistics, plots, carrying) and hidden entries (caches written at run time,
+    such as the preference datasets' ``.latent_cache``), plus the lab's ``LAB_RUN_FILES``."""
     out = []
     for root in roots:
         for path in sorted((REPO / root).rglob("*")):
             name = path.relative_to(REPO).as_posix()
-            if not path.is_file() or "__pycache__" in path.parts or (name + "/").startswith(LAB + "/"):
-                continue
+            rel_parts = path.relative_to(REPO).parts
+            if (not path.is_file() or "__pycache__" in rel_parts or any(p.startswith(".") for p in rel_parts)
+                    or (name + "/").startswith(LAB + "/")):
+                continue                          # hidden entries are run-time caches (e.g. .latent_cache)
             out.append(path)
     return out + [REPO / f for f in LAB_RUN_FILES]
 

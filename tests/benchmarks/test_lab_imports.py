@@ -109,6 +109,20 @@ def test_code_digest_reads_the_files_that_affect_a_run():
     assert all(not Path(n).is_absolute() and "__pycache__" not in n for n in digested)
 
 
+def test_code_digest_ignores_caches_written_at_run_time(tmp_path, monkeypatch):
+    """A hidden cache beside the shipped data (the preference datasets' .latent_cache) is not code: writing one
+    must not change the digest that keys cached runs."""
+    pkg = tmp_path / "flowrl" / "assets"
+    pkg.mkdir(parents=True)
+    (pkg / "weights.bin").write_bytes(b"1234")
+    monkeypatch.setattr(learning_lib, "REPO", tmp_path)
+    monkeypatch.setattr(learning_lib, "LAB_RUN_FILES", ())
+    before = learning_lib.digested_files(("flowrl",))
+    (pkg / ".latent_cache").mkdir()
+    (pkg / ".latent_cache" / "abc.pt").write_bytes(b"cached latents")
+    assert learning_lib.digested_files(("flowrl",)) == before == [pkg / "weights.bin"]
+
+
 def _strings(value):
     if isinstance(value, str):
         yield value
