@@ -28,3 +28,36 @@ def _one_thread():
 def _no_fsync(request, monkeypatch):
     if not request.path.is_relative_to(CHECKPOINT_TESTS):
         monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+IMPORT_PROBE = """
+import json, sys
+out = {}
+import rewards
+from rewards import REWARDS
+for n in REWARDS.names():
+    n.startswith('shapes') or REWARDS.get(n)
+out['rewards'] = sorted(sys.modules)
+import flowrl, samplers, flowrl.policies
+out['packages'] = sorted(sys.modules)
+out['policies'] = flowrl.policies.POLICIES.names()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="session")
+def import_probe() -> dict:
+    """What a fresh interpreter has imported (sorted ``sys.modules``) after ``import rewards`` and resolving every
+    reward but the shapes ones ("rewards"), then after also importing flowrl, samplers and flowrl.policies
+    ("packages"; a superset of what those imports alone load), and the policy registry's names ("policies").
+    One subprocess for the three import-cost tests (tests/test_package.py, tests/rewards/test_registration.py,
+    tests/policies/test_registry_lazy.py) instead of one each."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, cwd=repo,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
