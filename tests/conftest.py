@@ -1,7 +1,9 @@
 """Test-suite-wide settings.
 
 Every test runs single-threaded: the models here are tiny, and on a small shared CPU intra-op threads only add
-contention (measured ~10× slower elementwise math with two spinning OpenMP threads).
+contention (measured ~10× slower elementwise math with two spinning OpenMP threads). The whole session is
+single-threaded too (pytest_configure), so collection and the module- and session-scoped fixtures that build tiny
+models and pipelines (set up before any per-test fixture) get the same setting; each test restores it after.
 
 ``os.fsync`` is a no-op outside tests/checkpoint/: it guards a checkpoint against power loss, which no test
 simulates (a killed process's writes stay in the page cache), and the suite's ~1,000 fsyncs cost ~4 s of waiting
@@ -14,6 +16,16 @@ import pytest
 import torch
 
 CHECKPOINT_TESTS = Path(__file__).parent / "checkpoint"
+_THREADS = pytest.StashKey[int]()
+
+
+def pytest_configure(config):
+    config.stash[_THREADS] = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
+def pytest_unconfigure(config):
+    torch.set_num_threads(config.stash.get(_THREADS, torch.get_num_threads()))
 
 
 @pytest.fixture(autouse=True)
