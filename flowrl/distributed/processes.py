@@ -40,6 +40,7 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False):
         raise LaunchError("accelerate launched with a DeepSpeed config: flowrl does not run DeepSpeed (its engine "
                           "would own the model and optimizer the loop keeps); shard with FSDP instead: "
                           "dist.fsdp=true or --config_file configs/accelerate/fsdp.yaml")
+    join_restarted_group(cpu)
     acc = Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     if launched > 1 and acc.num_processes != launched:
         raise LaunchError(f"{launched} processes were launched (WORLD_SIZE={launched}) but accelerate joined "
@@ -47,6 +48,34 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False):
                           "the whole job alone. Launch with accelerate launch / torchrun on devices accelerate "
                           "can use, or set run.cpu=true")
     return acc
+
+
+def join_restarted_group(cpu: bool) -> bool:
+    """A worker group torchrun restarted (``--max-restarts``, TORCHELASTIC_RESTART_COUNT >= 1) joins its process
+    group on the agent's store under a prefix of its own try, ``/worker/attempt_<n>`` (accelerate then uses that
+    group). torch 2.14 dropped that prefix (rendezvous.py: "a new TCPStore for every retry"), but the agent keeps
+    one store across tries, so a restarted rank could read the dead group's gloo addresses and hang or fail with
+    "Connection refused" (a two-line gloo worker, one rank killed after the group met: its restart failed 3 of 3
+    times on the static rendezvous and 3 of 4 on c10d; with the prefix it met 2 of 2). The first try, single
+    processes and other devices keep accelerate's own init. True when it joined here."""
+    dist = torch.distributed
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart < 1 or launched_processes() < 2 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" \
+            or not dist.is_available() or dist.is_initialized():
+        return False
+    gpu = not cpu and torch.cuda.is_available()
+    if not cpu and not gpu:
+        return False                                # another accelerator: accelerate picks its backend
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    from torch.distributed.constants import default_pg_timeout
+
+    world = launched_processes()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=default_pg_timeout)
+    dist.init_process_group("nccl" if gpu else "gloo", store=dist.PrefixStore(f"/worker/attempt_{restart}", store),
+                            rank=int(os.environ["RANK"]), world_size=world)
+    return True
 
 
 def launched_processes() -> int:

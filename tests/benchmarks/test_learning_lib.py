@@ -194,7 +194,8 @@ def test_run_recipe_counts_closed_form_nfes_and_reuses_before(tmp_path):
     forwards: 32 rollout and 12 training NFEs per iteration; the second seed reuses the first's "before"."""
     cache = lib.BeforeCache(tmp_path / "cache")
     kw = dict(iterations=2, eval_every=1, eval_seeds=[0, 1], out_dir=tmp_path, eval_prompts=2, cache=cache,
-              overrides=["train.prompts_per_iter=2", "train.group_size=2", "train.micro_batch=2"])
+              overrides=["policy.tiny=true", "train.prompts_per_iter=2", "train.group_size=2",
+                        "train.micro_batch=2"])
     first = lib.run_recipe("awr", seed=0, name="a0", **kw)
     second = lib.run_recipe("awr", seed=1, name="a1", **kw)
     assert [(p["iteration"], p["rollout_nfe"], p["train_nfe"]) for p in first["curve"]] == \
@@ -221,7 +222,8 @@ def test_run_cache_reuses_a_finished_run_with_an_equal_config(tmp_path, monkeypa
     otherwise) returns the first's result without training; another seed trains."""
     monkeypatch.setenv(lib.RUN_CACHE_ENV, str(tmp_path / "finished"))
     kw = dict(iterations=1, eval_every=0, eval_seeds=[0], eval_prompts=1, cache=lib.BeforeCache(),
-              overrides=["train.prompts_per_iter=2", "train.group_size=2", "train.micro_batch=2"])
+              overrides=["policy.tiny=true", "train.prompts_per_iter=2", "train.group_size=2",
+                        "train.micro_batch=2"])
     first = lib.run_recipe("awr", seed=0, name="a", out_dir=tmp_path / "x", **kw)
     again = lib.run_recipe("awr", seed=0, name="b", out_dir=tmp_path / "y", **kw)
     other = lib.run_recipe("awr", seed=1, name="c", out_dir=tmp_path / "z", **kw)

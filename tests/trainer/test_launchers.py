@@ -55,3 +55,22 @@ def test_a_single_process_is_not_retried_on_a_connection_error(tmp_path):
     with pytest.raises(AssertionError, match="Connection refused"):
         launch(lambda: script(tmp_path, body), timeout=60, retries=0)
     assert counter.read_text() == "1"
+
+
+def test_only_a_restarted_worker_group_joins_under_its_own_store_prefix(monkeypatch):
+    """flowrl.distributed.processes.join_restarted_group leaves the first try and single processes to accelerate
+    (the restart itself: tests/trainer/test_preemption_launch.py, slow)."""
+    import torch
+
+    from flowrl.distributed.processes import join_restarted_group
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert not join_restarted_group(cpu=True)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert not join_restarted_group(cpu=True)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not join_restarted_group(cpu=True)
+    assert not torch.distributed.is_initialized()
