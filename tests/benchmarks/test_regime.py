@@ -49,7 +49,7 @@ def test_carry_keeps_the_figures_of_the_parts_not_run_and_not_run_names_the_rest
 def test_search_prompts_are_the_hardest_skills_and_the_reward_is_strict_plus_weighted_partial():
     import torch
 
-    from flowrl.bench.benchmarks import regime_search as rs
+    from flowrl.bench import regime_search as rs
     from flowrl.data.shapes.render import render_meta
     from rewards import RewardSet
     from rewards.base import make_input

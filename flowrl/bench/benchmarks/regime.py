@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flowrl.bench.benchmarks import regime_search
+from flowrl.bench import regime_search
 from flowrl.bench.paths import REPO
 
 STUDY_KEYS = ("tree_nfe_to_flat_final", "dts_nfe_to_bestofn", "pool_nfe_ratio", "pool_strict_gap",
