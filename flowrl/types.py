@@ -213,3 +213,16 @@ def check_images(images: Sequence | None, batch: int, family: str, accepts: bool
                 raise ValueError(f"images[{i}]: each reference image must be a float tensor (3, H, W) in [0, 1], got "
                                  f"{type(img).__name__} {tuple(getattr(img, 'shape', ()))}")
     return [None if not r else list(r) for r in rows]
+
+
+def attach_first_frames(cond, firsts: list, device) -> "Cond":
+    """``cond`` with ``embeds["image"]`` (B, C, H, W): row b's first frame, zeros where ``firsts[b]`` is None, and
+    ``embeds["has_image"]`` (B,) 1/0; unchanged when no row has one. The frames must share one shape (callers
+    check it, with their family's wording)."""
+    shapes = {tuple(f.shape) for f in firsts if f is not None}
+    if not shapes:
+        return cond
+    blank = torch.zeros(next(iter(shapes)))
+    cond.embeds["image"] = torch.stack([blank if f is None else f.float().cpu() for f in firsts]).to(device)
+    cond.embeds["has_image"] = torch.tensor([float(f is not None) for f in firsts], device=device)
+    return cond

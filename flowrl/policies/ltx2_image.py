@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flowrl.types import Cond
+from flowrl.types import Cond, attach_first_frames
 
 
 def store_first_frames(policy, cond: Cond, images: Sequence | None, batch: int) -> Cond:
@@ -35,12 +35,7 @@ def store_first_frames(policy, cond: Cond, images: Sequence | None, batch: int) 
     shapes = {tuple(f.shape) for f in firsts if f is not None}
     if len(shapes) > 1:
         raise ValueError(f"LTX-2 first frames must share one size per batch, got {sorted(shapes)}")
-    if not shapes:
-        return cond
-    blank = torch.zeros(next(iter(shapes)))
-    cond.embeds["image"] = torch.stack([blank if f is None else f.float().cpu() for f in firsts]).to(policy.device)
-    cond.embeds["has_image"] = torch.tensor([float(f is not None) for f in firsts], device=policy.device)
-    return cond
+    return attach_first_frames(cond, firsts, policy.device)
 
 
 def recompress(pipe, images: Tensor, crf: int | None) -> Tensor:

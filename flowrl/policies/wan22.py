@@ -34,7 +34,7 @@ from flowrl.policies import components as comp
 from flowrl.policies.base import cfg_combine, resolve_guidance, sigma_batch
 from flowrl.policies.wan import SPEC, WanPolicy, euler_scheduler_from_config
 from flowrl.policies.wan import Config as WanConfig
-from flowrl.types import Cond
+from flowrl.types import Cond, attach_first_frames
 
 HUB_IDS = {"wan22": "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "wan22_i2v": "Wan-AI/Wan2.2-I2V-A14B-Diffusers",
            "wan22_ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
@@ -162,12 +162,7 @@ class Wan22Policy(WanPolicy):
         shapes = {tuple(f.shape) for f in firsts if f is not None}
         if len(shapes) > 1 or any(len(s) != 3 or s[0] != 3 for s in shapes):
             raise ValueError(f"images must be (3, H, W) tensors of one size per batch, got {sorted(shapes)}")
-        if not shapes:
-            return cond
-        blank = torch.zeros(next(iter(shapes)))
-        cond.embeds["image"] = torch.stack([blank if f is None else f.float().cpu() for f in firsts]).to(self.device)
-        cond.embeds["has_image"] = torch.tensor([float(f is not None) for f in firsts], device=self.device)
-        return cond
+        return attach_first_frames(cond, firsts, self.device)
 
     requires_images = False
 
