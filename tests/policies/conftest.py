@@ -65,3 +65,22 @@ def assert_sde_log_probs_are_normal(policy, x, cond, sigma, sigma_next, guidance
         std = out.std.reshape(-1, *[1] * (x.dim() - 1))
         ref = torch.distributions.Normal(out.mean, std).log_prob(out.x_next).mean(dims)
         torch.testing.assert_close(k.log_prob(out.x_next, out.mean, out.std, "mean", cfg), ref, rtol=1e-5, atol=1e-4)
+
+
+def scheduler_step_calls(pipe, steps: int, **kw):
+    """Run ``pipe`` for ``steps`` to latents, recording (sample, model_output) of every scheduler ``step`` call
+    (the class method is wrapped: a pipeline may deepcopy its scheduler inside ``__call__``); (calls, output)."""
+    cls = type(pipe.scheduler)
+    calls, step = [], cls.step
+
+    def recording(self, model_output, timestep, sample, *a, **k):
+        calls.append((sample.clone(), model_output.clone()))
+        return step(self, model_output, timestep, sample, *a, **k)
+
+    cls.step = recording
+    try:
+        out = pipe(num_inference_steps=steps, output_type="latent", **kw)
+    finally:
+        cls.step = step
+    return calls, out
+

@@ -8,7 +8,7 @@ import torch
 
 from flowrl.eval.sample import ode_sample
 from flowrl.policies.ltx2 import Config, LTX2Policy
-from tests.policies.conftest import assert_sde_log_probs_are_normal, generators, perturb
+from tests.policies.conftest import assert_sde_log_probs_are_normal, generators, perturb, scheduler_step_calls
 
 PROMPTS = ["dance monkey", "a cat walking on the beach"]
 H = W = 32
@@ -41,18 +41,7 @@ def _record(pipe, steps, **kw):
     """Run the pipeline; (σ grid, [(video x, audio x, video v, audio v)] per step, unpacked) from both schedulers'
     ``step`` (the class method is wrapped: the audio scheduler is a deepcopy made inside ``__call__``; calls
     alternate video, audio)."""
-    cls = type(pipe.scheduler)
-    calls, step = [], cls.step
-
-    def recording(self, model_output, timestep, sample, *a, **k):
-        calls.append((sample.clone(), model_output.clone()))
-        return step(self, model_output, timestep, sample, *a, **k)
-
-    cls.step = recording
-    try:
-        out = pipe(num_inference_steps=steps, output_type="latent", **kw)
-    finally:
-        cls.step = step
+    calls, out = scheduler_step_calls(pipe, steps, **kw)
     f, h, w = (F - 1) // 2 + 1, H // 2, W // 2
     rows = []
     for i in range(steps):

@@ -8,7 +8,7 @@ import torch
 from flowrl.eval.sample import ode_sample
 from flowrl.policies.ltx2 import Config, LTX2Policy
 from flowrl.policies.ltx2_image import first_frame_latents, i2v_pipe
-from tests.policies.conftest import assert_sde_log_probs_are_normal, generators
+from tests.policies.conftest import assert_sde_log_probs_are_normal, generators, scheduler_step_calls
 
 PROMPTS = ["a red ball rolls to the left", "a cat walking on the beach"]
 H = W = 32
@@ -40,18 +40,7 @@ def setup():
 def _record(pipe, steps, **kw):
     """Run the pipeline; per step (video frames 1: x, audio x (packed), video frames 1: v, audio v) from both
     schedulers' ``step`` (calls alternate video, audio) and the output."""
-    cls = type(pipe.scheduler)
-    calls, step = [], cls.step
-
-    def recording(self, model_output, timestep, sample, *a, **k):
-        calls.append((sample.clone(), model_output.clone()))
-        return step(self, model_output, timestep, sample, *a, **k)
-
-    cls.step = recording
-    try:
-        out = pipe(num_inference_steps=steps, output_type="latent", **kw)
-    finally:
-        cls.step = step
+    calls, out = scheduler_step_calls(pipe, steps, **kw)
     return [(*calls[2 * i], *calls[2 * i + 1]) for i in range(steps)], out
 
 
