@@ -5,17 +5,21 @@ Per stream (video, audio), in x₀ space (``convert_velocity_to_x0``: x₀ = x �
     x̂ = x_c + (w−1)(x_c − x_u) + stg·(x_c − x_stg) + (m−1)(x_c − x_iso)
     x̂ ← rescale_noise_cfg(x̂, x_c, φ) if φ > 0,    v = (x − x̂)/σ          (``convert_x0_to_velocity``)
 
-x_u: the negative prompt (CFG runs when ``cond.uncond`` is set and w > 1 or the audio w > 1); x_stg: the positive
-prompt with self-attention replaced by its values at ``stg_blocks`` (when either stg > 0); x_iso: the positive prompt
+x_u: the negative prompt, batched with the positive one in one forward as the pipeline does (so the rounding
+matches it; CFG runs when ``cond.uncond`` is set and w > 1 or the audio w > 1); x_stg: the positive prompt with
+self-attention replaced by its values at ``stg_blocks`` (when either stg > 0); x_iso: the positive prompt
 with audio↔video cross-attention off (when either m > 1). Audio scales: ``config.audio_* or`` the video value.
 Image-to-video (``ltx2_image.py``): with the conditioning mask κ (B, 1, F', H', W') the video timestep is per token,
 ``t·(1 − κ)`` packed as the tokens (``LTX2ImageToVideoPipeline``); the audio timestep and σ stay t.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from flowrl.types import Cond
+
+FORWARD_EMBEDS = ("attention_mask", "video_embeds", "audio_embeds")   # the Cond entries a forward reads
 
 
 def _scales(policy, guidance: float | None, cond: Cond) -> dict:
@@ -50,15 +54,19 @@ def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: floa
     tv = t if video_mask is None else t.unsqueeze(-1) * (1 - pipe._pack_latents(video_mask, ps, pt).squeeze(-1))
     module = policy._transformer_module()
 
-    def forward(embeds: dict, stg=None, isolate=False) -> tuple[Tensor, Tensor]:
+    def forward(embeds: dict, stg=None, isolate=False, rep: int = 1) -> tuple[Tensor, Tensor]:
+        def r(z):
+            return z.repeat((rep,) + (1,) * (z.ndim - 1)) if rep > 1 else z
+
         mask, ev, ea = embeds["attention_mask"], embeds["video_embeds"], embeds["audio_embeds"]
-        ov, oa = module(hidden_states=hv.to(policy.dtype), audio_hidden_states=ha.to(policy.dtype),
+        ov, oa = module(hidden_states=r(hv).to(policy.dtype), audio_hidden_states=r(ha).to(policy.dtype),
                         encoder_hidden_states=ev, audio_encoder_hidden_states=ea,
-                        timestep=tv, audio_timestep=t, sigma=t, encoder_attention_mask=mask,
+                        timestep=r(tv), audio_timestep=r(t), sigma=r(t), encoder_attention_mask=mask,
                         audio_encoder_attention_mask=mask,
                         num_frames=f // pt, height=h // ps, width=w // ps, fps=fps, audio_num_frames=audio.shape[2],
                         isolate_modalities=isolate, spatio_temporal_guidance_blocks=stg, perturbation_mask=None,
-                        use_cross_timestep=cfg.use_cross_timestep, return_dict=False, **coords)
+                        use_cross_timestep=cfg.use_cross_timestep, return_dict=False,
+                        **{k: r(c) for k, c in coords.items()})
         return ov.float(), oa.float()
 
     sig = sigma.view(-1, 1, 1)
@@ -67,11 +75,14 @@ def guided_velocity(policy, x: Tensor, sigma: Tensor, cond: Cond, guidance: floa
     def x0(outs):
         return [z - o * sig for z, o in zip(lat, outs, strict=True)]
 
-    cond_x0 = x0(forward(cond.embeds))
-    guided = list(cond_x0)                 # x_c + each delta in the pipeline's order (cfg, stg, modality)
-    if cond.uncond is not None and max(s["cfg"]) > 1.0:
-        for i, u in enumerate(x0(forward(cond.uncond))):
-            guided[i] = guided[i] + (s["cfg"][i] - 1) * (cond_x0[i] - u)
+    if cond.uncond is not None and max(s["cfg"]) > 1.0:     # one forward of [uncond; cond], as the pipeline batches it
+        both = {k: torch.cat([cond.uncond[k], cond.embeds[k]]) for k in FORWARD_EMBEDS}
+        halves = [o.chunk(2) for o in forward(both, rep=2)]
+        uncond_x0, cond_x0 = x0([u for u, _ in halves]), x0([c for _, c in halves])
+        guided = [c + (s["cfg"][i] - 1) * (c - u) for i, (c, u) in enumerate(zip(cond_x0, uncond_x0, strict=True))]
+    else:
+        cond_x0 = x0(forward(cond.embeds))
+        guided = list(cond_x0)             # x_c + each delta in the pipeline's order (cfg, stg, modality)
     if max(s["stg"]) > 0.0:
         for i, p in enumerate(x0(forward(cond.embeds, stg=list(cfg.stg_blocks)))):
             guided[i] = guided[i] + s["stg"][i] * (cond_x0[i] - p)

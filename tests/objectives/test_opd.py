@@ -47,9 +47,12 @@ def test_spec():
 def test_teacher_equal_to_student_gives_zero_loss_and_gradient():
     student, cond, traj, _ = setup(0.0)
     out = loss(student, batch(cond, traj), cfg())
-    assert float(out.loss) == 0.0
+    # Zero up to float32 rounding: the student's and the teacher's means come through two code paths whose matmul
+    # rounding depends on the CPU's kernels (exactly 0 on some machines, ~1e-15 on others). A teacher 1e-4 away
+    # already gives a loss of ~2e-8 and gradients of ~5e-5, so these bounds still separate the two.
+    assert float(out.loss.detach()) <= 1e-12
     for g in torch.autograd.grad(out.loss, student.trainable_parameters(), allow_unused=True):
-        assert g is None or float(g.abs().max()) == 0.0
+        assert g is None or float(g.abs().max()) <= 1e-7
 
 
 def test_closed_form_gaussian_kl():
