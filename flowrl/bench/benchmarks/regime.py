@@ -1,6 +1,6 @@
 """Regime benchmark: where the card's features pay, and the default job a newcomer runs first.
 
-    python scripts/bench.py regime [--parts default_job,search,pools] [--seeds 0,1,2] [--out DIR] [--quick]
+    python scripts/bench.py regime [--parts default_job,search,pools,trees] [--seeds 0,1,2] [--out DIR] [--quick]
 
 - ``default_job`` [``default_job_wall_s``, ``default_job_gain``, ``default_job_palette_ratio``]: ``python
   scripts/train.py run.seed=S`` exactly as a newcomer runs it (``configs/default.yaml`` as shipped, one subprocess
@@ -15,6 +15,10 @@
 - ``pools`` [``pool_nfe_ratio``, ``pool_strict_gap``]: the pools benchmark (``pools``: candidate-pool NFT against
   naive 32-in-8 selection, 40 iterations, ``--seeds`` training seeds) at ``--pool-steps`` steps with the pool's
   x̂0 exit at ``--pool-fraction`` of them.
+- ``trees`` [``tree_nfe_to_flat_final``]: the trees benchmark's learning part (flat GRPO as shipped against
+  tree-GRPO, ``--seeds`` training seeds, equal rollout NFEs ``--tree-budget``) at ``--tree-steps`` steps with
+  BranchGRPO's binary splits ``--tree-splits`` (the group is the 2^splits leaves), split noise ``--tree-noise``
+  and ``--tree-prompts`` trees per iteration; wall seconds per run are reported beside the NFEs.
 
 A study key whose part did not run is null and named in ``not_run``. The last line printed is the JSON result.
 ``--quick`` (2 iterations, 4 prompts, one seed; a tiny search) checks the script end to end; its figures are not
@@ -53,6 +57,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     g = ap.add_argument_group("pools")
     g.add_argument("--pool-steps", type=int, default=8)
     g.add_argument("--pool-fraction", type=float, default=0.25, help="the pool scout's x0-exit fraction")
+    g = ap.add_argument_group("trees")
+    g.add_argument("--tree-steps", type=int, default=20, help="rollout and evaluation steps of both methods")
+    g.add_argument("--tree-splits", default="0,3,6,9", help="BranchGRPO's binary split steps")
+    g.add_argument("--tree-noise", type=float, default=1.0, help="the split-noise scale")
+    g.add_argument("--tree-prompts", type=int, default=4, help="tree prompts per iteration (flat keeps 8 x 8)")
+    g.add_argument("--tree-budget", type=int, default=25600, help="rollout NFEs per run")
+    g.add_argument("--tree-evals", type=int, default=4, help="evaluations per run besides 'before'")
+    g.add_argument("--tree-eval-seeds", default="0,1", help="images per held-out prompt in each evaluation")
     args = ap.parse_args(argv)
     if args.quick:
         args.search_prompts, args.search_steps, args.search_fractions = 2, 4, "0.5,1.0"
@@ -129,11 +141,27 @@ def pools(args, out: Path) -> dict:
             "pools": res}
 
 
-PARTS = {"default_job": default_job, "search": search, "pools": pools}
+def trees(args, out: Path) -> dict:
+    """The trees benchmark's flat GRPO against tree-GRPO at equal rollout NFEs, in the ``--tree-*`` regime."""
+    from flowrl.bench.benchmarks import trees as trees_bench
+
+    argv = ["--parts", "learning", "--methods", "flat_grpo,tree_grpo", "--seeds", ",".join(map(str, args.seeds)),
+            "--steps", str(args.tree_steps), "--splits", args.tree_splits, "--split-noise", str(args.tree_noise),
+            "--tree-prompts", str(args.tree_prompts), "--budget", str(args.tree_budget),
+            "--evals", str(args.tree_evals), "--eval-seeds", args.tree_eval_seeds, "--out", str(out / "trees")]
+    if args.quick:
+        argv.append("--quick")
+    res = trees_bench.main(argv)["learning"]
+    res.pop("plot", None)
+    return {"tree_nfe_to_flat_final": res.get("tree_nfe_to_flat_final"), "trees": res}
+
+
+PARTS = {"default_job": default_job, "search": search, "pools": pools, "trees": trees}
 PART_KEYS = {"default_job": ("default_job_wall_s", "default_job_gain", "default_job_gain_se",
                              "default_job_palette_ratio", "default_job_palette_ratio_se", "default_job_alarms",
                              "default_job_runs", "machine_note"),
-             "search": ("dts_nfe_to_bestofn", "search"), "pools": ("pool_nfe_ratio", "pool_strict_gap", "pools")}
+             "search": ("dts_nfe_to_bestofn", "search"), "pools": ("pool_nfe_ratio", "pool_strict_gap", "pools"),
+             "trees": ("tree_nfe_to_flat_final", "trees")}
 
 
 def carry(result: dict, path: str) -> None:

@@ -22,7 +22,9 @@ Parts (each on the shipped toy model, CPU, one thread):
   reaches flat GRPO's final mean ÷ flat GRPO's final rollout NFEs (target ≤ 0.6; null when never reached, or
   when tree-GRPO starts at or above it); ``mix_nfe_to_flat_final`` likewise; ``tree_partial_gain_at_budget`` =
   tree − flat final partial credit (target ≥ 0.02); ``tree_palette_ratio`` = tree ÷ flat final palette
-  distance (target ≤ 1.1); diversities side by side.
+  distance (target ≤ 1.1); diversities side by side. The regime options (``--steps`` for every method;
+  ``--splits``, ``--split-noise``, ``--tree-prompts`` for the tree; ``--methods`` to run a subset) move the
+  comparison off the shipped 8-step recipes, e.g. to BranchGRPO's 20 steps with binary splits at 0, 3, 6, 9.
 - ``search``: best-of-N with ``--search-budget`` NFEs (⌊budget/8⌋ ODE samples) against DTS* at 1/8, 1/4, 1/2
   and 1 × that budget (``samplers.search``, flow_sde a = 0.7 expansions) on ``--search-prompts`` held-out
   prompts, the verifier's score as reward. ``dts_nfe_to_bestofn`` = the NFEs at which DTS*'s mean reward curve
@@ -65,6 +67,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all)")
     g.add_argument("--mix-window", type=int, default=2)
     g.add_argument("--mix-every", type=int, default=10)
+    g.add_argument("--methods", default="flat_grpo,tree_grpo,mixgrpo", help="the learning part's methods")
+    g.add_argument("--steps", type=int, default=0, help="rollout and evaluation steps of every method (0: keep 8)")
+    g.add_argument("--splits", default="", help="the tree's binary split steps, e.g. 0,3,6,9 (empty: keep)")
+    g.add_argument("--split-noise", type=float, default=0.0, help="the tree's split-noise scale (0: keep)")
+    g.add_argument("--tree-prompts", type=int, default=0, help="the tree's prompts per iteration (0: keep)")
     g = ap.add_argument_group("search")
     g.add_argument("--search-prompts", type=int, default=16)
     g.add_argument("--search-budget", type=int, default=128)
@@ -166,7 +173,10 @@ def learning(args) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
     mix = [f"sampler.window={{kind: sliding, size: {args.mix_window}, iters_per_group: {args.mix_every}}}"]
-    methods = {"flat_grpo": (GRPO, []), "tree_grpo": (TREE, []), "mixgrpo": (GRPO, mix)}
+    steps = [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"] if args.steps else []
+    methods = {"flat_grpo": (GRPO, steps), "tree_grpo": (TREE, [*steps, *tree_overrides(args)]),
+               "mixgrpo": (GRPO, [*steps, *mix])}
+    methods = {k: v for k, v in methods.items() if k in args.methods.split(",")}
     threads = [f"run.threads={args.threads}"]
     out, aggs, plan = {}, {}, {}
     for name, (recipe, ov) in methods.items():
@@ -183,8 +193,10 @@ def learning(args) -> dict:
             "rollout_nfe_mean", "train_nfe_mean", "wall_s_mean", "strict_mean", "strict_se", "partial_mean",
             "partial_se", "palette_mean", "palette_se", "diversity_mean", "diversity_se")}}
     flat = aggs["flat_grpo"]["after"]
-    res = {"methods": out, "seeds": seeds}
+    res = {"methods": out, "seeds": seeds, "steps": args.steps or 8, "tree_overrides": methods["tree_grpo"][1]}
     for key, name in (("tree_nfe_to_flat_final", "tree_grpo"), ("mix_nfe_to_flat_final", "mixgrpo")):
+        if name not in aggs:
+            continue
         reach = L.nfe_to_reach(aggs[name]["curve"], flat["strict_mean"], y="strict")
         ok = reach and flat["rollout_nfe_mean"]                 # reach 0: the method starts at the target
         res[key] = reach / flat["rollout_nfe_mean"] if ok else None
@@ -197,6 +209,19 @@ def learning(args) -> dict:
     except Exception as e:          # a plot is a convenience; the figures above are the result
         res["plot_error"] = repr(e)
     return res
+
+
+def tree_overrides(args) -> list[str]:
+    """The tree recipe's ``--splits`` (binary; the group is the 2^splits leaves), ``--split-noise`` and
+    ``--tree-prompts`` overrides."""
+    ov = []
+    if args.splits:
+        splits = [int(s) for s in args.splits.split(",")]
+        ov += [f"sampler.tree.branching={{kind: fixed, steps: {splits}, factor: 2}}",
+               f"train.group_size={2 ** len(splits)}"]
+    if args.split_noise:
+        ov.append(f"sampler.tree.noise={{scale: {args.split_noise}}}")
+    return ov + ([f"train.prompts_per_iter={args.tree_prompts}"] if args.tree_prompts else [])
 
 
 def _sub(a, b):
