@@ -70,3 +70,47 @@ def test_search_prompts_are_the_hardest_skills_and_the_reward_is_strict_plus_wei
     assert exact.tolist() == [1.0, 0.0] and 0.0 <= float(partial[1]) < 1.0
     assert torch.allclose(score(pix), exact + 0.5 * partial)
     assert strict(pix[:1]) == float(exact[0])
+
+
+def test_worst_reward_margin_is_the_best_balancers_worst_gain_minus_the_best_sweep_points():
+    gains = {"ws0": (0.10, 0.30), "ws1": (0.05, 0.50), "famo": (0.14, 0.20), "pcgrad": (0.12, 0.12)}
+    result = {"sets": {"a": {"methods": {m: {"gain": {"r1": {"mean": g1}, "r2": {"mean": g2}}}
+                                         for m, (g1, g2) in gains.items()}}}}
+    m = regime.worst_reward_margins(result)["a"]
+    # worst rewards: ws0 0.10, ws1 0.05, famo 0.14, pcgrad 0.12 → best balancer famo, best sweep ws0
+    assert m["balancer"] == "famo" and m["margin"] == pytest.approx(0.04) and m["best_sweep_worst"] == 0.10
+
+
+def test_balancers_part_reports_the_set_with_the_largest_margin(tmp_path):
+    def one_set(sweep, balancer):
+        return {"methods": {"ws0": {"gain": {"r": {"mean": sweep}}}, "gdpo": {"gain": {"r": {"mean": balancer}}}}}
+
+    path = tmp_path / "balancers.json"
+    path.write_text(json.dumps({"sets": {"x": one_set(0.2, 0.1), "y": one_set(0.1, 0.15)}, "iterations": 60,
+                                "seeds": [0, 1, 2], "worst_gain_margin": 0.01}) + "\n")
+    res = regime.main(["--parts", "balancers", "--balancers-result", str(path), "--out", str(tmp_path)])
+    assert res["balancer_worst_margin"] == pytest.approx(0.05) and res["balancers"]["set"] == "y"
+    assert "balancer_worst_margin" not in res["not_run"]
+
+
+def test_tree_regime_overrides_make_the_group_the_leaves():
+    from flowrl.bench.benchmarks import trees
+
+    args = trees.parse(["--splits", "0,3,6,9", "--split-noise", "2", "--tree-prompts", "4"])
+    ov = trees.tree_overrides(args)
+    assert "train.group_size=16" in ov and "sampler.tree.noise={scale: 2.0}" in ov
+    assert "sampler.tree.branching={kind: fixed, steps: [0, 3, 6, 9], factor: 2}" in ov
+    assert "train.prompts_per_iter=4" in ov
+    assert trees.tree_overrides(trees.parse([])) == []
+
+
+def test_branchgrpo_20_step_tree_costs_203_forwards_per_prompt():
+    """Binary splits at 0, 3, 6, 9 of 20 steps: 1 + 3·2 + 3·4 + 3·8 + 10·16 = 203 forwards per tree (step 0 runs
+    the root, each split doubles the frontier after its step; reference F, BranchGRPO FLUX), against flat GRPO's
+    20 per sample (the toy recipe: 8 prompts × 4)."""
+    from flowrl.bench.benchmarks import trees
+
+    args = trees.parse(["--splits", "0,3,6,9", "--tree-prompts", "4"])
+    steps = ["sampler.steps=20", "sampler.eval_steps=20"]
+    assert trees.nfe_per_iteration(trees.TREE, [*steps, *trees.tree_overrides(args)]) == 4 * 203
+    assert trees.nfe_per_iteration(trees.GRPO, steps) == 8 * 4 * 20

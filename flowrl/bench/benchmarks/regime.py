@@ -1,6 +1,7 @@
 """Regime benchmark: where the card's features pay, and the default job a newcomer runs first.
 
-    python scripts/bench.py regime [--parts default_job,search,pools,trees] [--seeds 0,1,2] [--out DIR] [--quick]
+    python scripts/bench.py regime [--parts default_job,search,pools,trees,balancers] [--seeds 0,1,2] [--out DIR]
+                                   [--carry regime.json] [--quick]
 
 - ``default_job`` [``default_job_wall_s``, ``default_job_gain``, ``default_job_palette_ratio``]: ``python
   scripts/train.py run.seed=S`` exactly as a newcomer runs it (``configs/default.yaml`` as shipped, one subprocess
@@ -15,6 +16,9 @@
 - ``pools`` [``pool_nfe_ratio``, ``pool_strict_gap``]: the pools benchmark (``pools``: candidate-pool NFT against
   naive 32-in-8 selection, 40 iterations, ``--seeds`` training seeds) at ``--pool-steps`` steps with the pool's
   x̂0 exit at ``--pool-fraction`` of them.
+- ``balancers`` [``balancer_worst_margin``]: from the balancers benchmark's result (``--balancers-result``, its
+  three conflict sets, 60 iterations, 3 seeds; not retrained here), per set the best balancer's worst-reward
+  held-out gain − the best weighted-sum sweep point's; the key is the set where that margin is largest.
 - ``trees`` [``tree_nfe_to_flat_final``]: the trees benchmark's learning part (flat GRPO as shipped against
   tree-GRPO, ``--seeds`` training seeds, equal rollout NFEs ``--tree-budget``) at ``--tree-steps`` steps with
   BranchGRPO's binary splits ``--tree-splits`` (the group is the 2^splits leaves), split noise ``--tree-noise``
@@ -57,6 +61,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     g = ap.add_argument_group("pools")
     g.add_argument("--pool-steps", type=int, default=8)
     g.add_argument("--pool-fraction", type=float, default=0.25, help="the pool scout's x0-exit fraction")
+    g = ap.add_argument_group("balancers")
+    g.add_argument("--balancers-result", default=str(REPO / "docs" / "benchmarks" / "balancers.json"),
+                   help="the balancers benchmark's result file the balancers part reads")
     g = ap.add_argument_group("trees")
     g.add_argument("--tree-steps", type=int, default=20, help="rollout and evaluation steps of both methods")
     g.add_argument("--tree-splits", default="0,3,6,9", help="BranchGRPO's binary split steps")
@@ -156,12 +163,37 @@ def trees(args, out: Path) -> dict:
     return {"tree_nfe_to_flat_final": res.get("tree_nfe_to_flat_final"), "trees": res}
 
 
-PARTS = {"default_job": default_job, "search": search, "pools": pools, "trees": trees}
+def worst_reward_margins(result: dict) -> dict:
+    """Per reward set of a balancers result: best balancer's worst-reward gain − the best sweep point's, where a
+    method's worst-reward gain is min_k (its seed-mean held-out gain on training reward k)."""
+    out = {}
+    for name, st in result["sets"].items():
+        worst = {m: min(g["mean"] for g in v["gain"].values()) for m, v in st["methods"].items()}
+        sweep = max(v for m, v in worst.items() if m.startswith("ws"))
+        best = max((v, m) for m, v in worst.items() if not m.startswith("ws"))
+        out[name] = {"margin": best[0] - sweep, "balancer": best[1], "balancer_worst": best[0],
+                     "best_sweep_worst": sweep}
+    return out
+
+
+def balancers(args, out: Path) -> dict:
+    """The worst-reward margins of the balancers benchmark's runs (``--balancers-result``; no training here: the
+    sweep and four balancers × 3 seeds × 3 sets take hours on this machine, rerun them with ``bench.py balancers``)."""
+    res = json.loads(Path(args.balancers_result).read_text().splitlines()[-1])
+    margins = worst_reward_margins(res)
+    best = max(margins, key=lambda k: margins[k]["margin"])
+    return {"balancer_worst_margin": margins[best]["margin"],
+            "balancers": {"set": best, "per_set": margins, "iterations": res.get("iterations"),
+                          "seeds": res.get("seeds"), "worst_skill_margin_specialist": res.get("worst_gain_margin"),
+                          "source": "bench.py balancers (docs/benchmarks/balancers.json)"}}
+
+
+PARTS = {"default_job": default_job, "search": search, "pools": pools, "trees": trees, "balancers": balancers}
 PART_KEYS = {"default_job": ("default_job_wall_s", "default_job_gain", "default_job_gain_se",
                              "default_job_palette_ratio", "default_job_palette_ratio_se", "default_job_alarms",
                              "default_job_runs", "machine_note"),
              "search": ("dts_nfe_to_bestofn", "search"), "pools": ("pool_nfe_ratio", "pool_strict_gap", "pools"),
-             "trees": ("tree_nfe_to_flat_final", "trees")}
+             "trees": ("tree_nfe_to_flat_final", "trees"), "balancers": ("balancer_worst_margin", "balancers")}
 
 
 def carry(result: dict, path: str) -> None:
