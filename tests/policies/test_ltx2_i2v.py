@@ -137,3 +137,32 @@ def test_recompression_is_the_pipelines(setup, monkeypatch):
         assert c.shape[2:] == (1, *LATENT[1:])
     finally:
         policy.config = CONFIG_ON
+
+
+def test_h264_first_frame_round_trip_matches_the_pipelines(setup):
+    """With PyAV installed (the dev extra): a real H.264 re-compression at CRF 33 (the Gemma 3 checkpoints'
+    default) on the pipeline's PIL path and on flowrl's tensors gives the same latents after a 2-step rollout,
+    and the codec changes the first frame (it is not skipped). The pipeline re-compresses one PIL image only."""
+    pytest.importorskip("av")
+    from PIL import Image
+
+    policy, pipe, images = setup
+    prompt, image = PROMPTS[:1], images[:1]
+    pil = Image.fromarray((image[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
+    policy.config = Config(max_sequence_length=16, stg_blocks=(1,), image_crf=33)
+    try:
+        with torch.no_grad(), policy.adapter(None):
+            out = pipe(image=pil, prompt=prompt, generator=generators(1), num_inference_steps=2,
+                       output_type="latent", **{**KW, "image_crf": 33}, **ON)
+            cond = policy.encode(prompt, images=[[image[0]]])
+            final = ode_sample(policy, policy.noise(generators(1), H, W, F), cond, 2, 3.0)
+            coded = first_frame_latents(policy, policy.split(final)[0], cond)
+    finally:
+        policy.config = CONFIG_ON
+    video, audio = policy.split(final)
+    want_v, want_a = _to_flowrl(pipe, out)
+    torch.testing.assert_close(video, want_v, atol=1e-5, rtol=0)
+    torch.testing.assert_close(audio, want_a, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        plain = first_frame_latents(policy, video, policy.encode(prompt, images=[[image[0]]]))
+    assert (coded - plain).abs().max() > 1e-4                                # CRF 33 moved the first frame
