@@ -57,10 +57,10 @@ def test_step_matches_the_pipeline_video_and_audio(saved, guided):
     policy, _, pipe = saved
     policy.config = CONFIG_ON if guided else CONFIG_OFF
     try:
-        sig, rows, _ = _record(pipe, 2, prompt=PROMPTS, generator=generators(2), **KW, **(ON if guided else OFF))
+        sig, rows, _ = _record(pipe, 3, prompt=PROMPTS, generator=generators(2), **KW, **(ON if guided else OFF))
         x = policy.noise(generators(2), H, W, F)
         assert torch.equal(policy.join(rows[0][0], rows[0][1]), x)            # the pipeline's own draws
-        assert torch.equal(policy.sigmas(2, x), sig)
+        assert torch.equal(policy.sigmas(3, x), sig)
         cond = policy.encode(PROMPTS, cfg=guided)
         with torch.no_grad(), policy.adapter(None):
             for i, (xv, xa, vv, va) in enumerate(rows):

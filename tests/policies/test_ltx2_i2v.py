@@ -59,10 +59,10 @@ def test_step_matches_the_i2v_pipeline_video_and_audio(setup, guided):
     policy.config = CONFIG_ON if guided else CONFIG_OFF
     try:
         with torch.no_grad(), policy.adapter(None):
-            rows, _ = _record(pipe, 2, image=images, prompt=PROMPTS, generator=generators(2), **KW,
+            rows, _ = _record(pipe, 3, image=images, prompt=PROMPTS, generator=generators(2), **KW,
                               **(ON if guided else OFF))
             x = policy.noise(generators(2), H, W, F)
-            sig = policy.sigmas(2, x)
+            sig = policy.sigmas(3, x)
             cond = policy.encode(PROMPTS, cfg=guided, images=[[img] for img in images])
             c = first_frame_latents(policy, policy.split(x)[0], cond)
             video0 = policy.split(x)[0]
