@@ -271,6 +271,11 @@ def eval_point(summary: dict, per_prompt: dict[str, list[float]]) -> dict:
     return out
 
 
+def steps_overrides(steps: int) -> list[str]:
+    """The overrides that set a recipe's rollout and evaluation steps to ``steps`` (0: the recipe's own, none)."""
+    return [f"sampler.steps={steps}", f"sampler.eval_steps={steps}"] if steps else []
+
+
 def recipe_path(recipe: str | Path) -> Path:
     """A recipe file: a path, or a bare name ``x`` for ``configs/toy/x.yaml``."""
     path = Path(recipe)

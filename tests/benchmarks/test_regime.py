@@ -114,3 +114,12 @@ def test_branchgrpo_20_step_tree_costs_203_forwards_per_prompt():
     steps = ["sampler.steps=20", "sampler.eval_steps=20"]
     assert trees.nfe_per_iteration(trees.TREE, [*steps, *trees.tree_overrides(args)]) == 4 * 203
     assert trees.nfe_per_iteration(trees.GRPO, steps) == 8 * 4 * 20
+
+
+def test_tree_methods_must_hold_the_comparison():
+    from flowrl.bench.benchmarks import trees
+
+    assert trees.parse(["--methods", "flat_grpo,tree_grpo"]).methods == "flat_grpo,tree_grpo"
+    for bad in ("flat_grpo,mixgrpo", "flat_grpo,tree_grpo,dpo"):
+        with pytest.raises(SystemExit):
+            trees.parse(["--methods", bad])

@@ -105,8 +105,7 @@ def main(argv: list[str]) -> dict:
     extra = [f"run.threads={args.threads}"]
     if args.prompts_per_iter:      # micro-batches of 8 divide any whole number of 8-sample groups
         extra += [f"train.prompts_per_iter={args.prompts_per_iter}", "train.micro_batch=8"]
-    if args.steps:
-        extra += [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"]
+    extra += L.steps_overrides(args.steps)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     aggs = {}
     res = {"bench": "pools", "quick": args.quick, "seeds": seeds, "iterations": args.iterations,

@@ -156,21 +156,22 @@ def trees(args, out: Path) -> dict:
             "--steps", str(args.tree_steps), "--splits", args.tree_splits, "--split-noise", str(args.tree_noise),
             "--tree-prompts", str(args.tree_prompts), "--budget", str(args.tree_budget),
             "--evals", str(args.tree_evals), "--eval-seeds", args.tree_eval_seeds, "--out", str(out / "trees")]
-    if args.quick:
-        argv.append("--quick")
-    res = trees_bench.main(argv)["learning"]
+    res = trees_bench.main([*argv, *(["--quick"] * args.quick)])["learning"]
     res.pop("plot", None)
     return {"tree_nfe_to_flat_final": res.get("tree_nfe_to_flat_final"), "trees": res}
 
 
 def worst_reward_margins(result: dict) -> dict:
     """Per reward set of a balancers result: best balancer's worst-reward gain − the best sweep point's, where a
-    method's worst-reward gain is min_k (its seed-mean held-out gain on training reward k)."""
+    method's worst-reward gain is min_k (its seed-mean held-out gain on training reward k). Methods are told apart
+    as the balancers benchmark's ``headline`` does: its ``BALANCERS`` against the ``ws<i>`` sweep points."""
+    from flowrl.bench.benchmarks.balancers import BALANCERS
+
     out = {}
     for name, st in result["sets"].items():
         worst = {m: min(g["mean"] for g in v["gain"].values()) for m, v in st["methods"].items()}
         sweep = max(v for m, v in worst.items() if m.startswith("ws"))
-        best = max((v, m) for m, v in worst.items() if not m.startswith("ws"))
+        best = max((v, m) for m, v in worst.items() if m in BALANCERS)
         out[name] = {"margin": best[0] - sweep, "balancer": best[1], "balancer_worst": best[0],
                      "best_sweep_worst": sweep}
     return out

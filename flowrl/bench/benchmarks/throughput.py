@@ -75,8 +75,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def regime(args, recipe: str) -> list[str]:
     """The overrides of ``--steps`` and (for GRPO recipes) ``--grpo-window``."""
-    ov = [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"] if args.steps else []
-    return ov + ([f"sampler.window={args.grpo_window}"] if args.grpo_window and "grpo" in recipe else [])
+    window = [f"sampler.window={args.grpo_window}"] if args.grpo_window and "grpo" in recipe else []
+    return learning_lib.steps_overrides(args.steps) + window
 
 
 def common(args, name: str, recipe: str) -> list[str]:

@@ -77,6 +77,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--search-budget", type=int, default=128)
     g.add_argument("--lam", type=float, default=math.inf, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    methods = set(args.methods.split(","))
+    if not {"flat_grpo", "tree_grpo"} <= methods <= {"flat_grpo", "tree_grpo", "mixgrpo"}:
+        ap.error(f"--methods {args.methods}: flat_grpo and tree_grpo (the comparison), optionally mixgrpo")
     if args.quick:
         args.prompts, args.repeats, args.seeds, args.budget, args.evals = 4, 1, "0", 600, 1
         args.eval_seeds, args.eval_prompts, args.search_prompts, args.search_budget = "0,1", 4, 2, 32
@@ -173,7 +176,7 @@ def learning(args) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
     mix = [f"sampler.window={{kind: sliding, size: {args.mix_window}, iters_per_group: {args.mix_every}}}"]
-    steps = [f"sampler.steps={args.steps}", f"sampler.eval_steps={args.steps}"] if args.steps else []
+    steps = L.steps_overrides(args.steps)
     methods = {"flat_grpo": (GRPO, steps), "tree_grpo": (TREE, [*steps, *tree_overrides(args)]),
                "mixgrpo": (GRPO, [*steps, *mix])}
     methods = {k: v for k, v in methods.items() if k in args.methods.split(",")}
