@@ -7,7 +7,11 @@ Flow-Factory ``guidance/acceleration.md``).
     cache      velocity cache: the model runs on call 0, every, 2·every, … of each rollout and the calls
                between reuse the last velocity (fixed-interval feature reuse, FORA arXiv 2407.01425, here of
                the whole transformer output; diffusers' first-block / pyramid caches are the adaptive kin).
-               Model calls per sample ⌈calls / every⌉; lossy.
+               Model calls per sample ⌈calls / every⌉; lossy. With ``fresh_sde: true`` every stochastic
+               (stored) step runs the model too, the interval counts from the last call that ran, and only
+               ODE steps reuse: the stored transitions are then
+               the exact policy's given their states (``stores_exact_steps``), as on MixGRPO-Flash's
+               cheaper ODE tail (arXiv 2507.21802 §3.3), so a ratio-based objective needs no correction.
     fp4        an emulated NVFP4 / MXFP4 copy of the LoRA-merged "old" transformer (``samplers.fp4``, the
                fp4 scout's copy; Sol-RL's NVFP4 rollouts), refreshed once per iteration; lossy.
                Emulated on CPU / Hopper: a fidelity check there, a speed-up only on FP4 hardware.
@@ -43,6 +47,7 @@ class Exact:
     """The exact policy (no acceleration)."""
 
     lossy: ClassVar[bool] = False
+    stores_exact_steps: ClassVar[bool] = True     # the stored transitions' log-probs are the exact policy's
 
     def refresh(self, policy) -> float:
         return 0.0
@@ -54,30 +59,52 @@ class Exact:
 
 @dataclass
 class VelocityCache(Exact):
-    """Reuse the velocity between model calls: calls i with i % every ≠ 0 return the last computed one."""
+    """Reuse the velocity between model calls: calls i with i % every ≠ 0 return the last computed one
+    (with ``fresh_sde``, the calls of stochastic steps always run the model)."""
 
     every: int = 2
+    fresh_sde: bool = False
     lossy: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.every < 1:
             raise ValueError(f"sampler.accelerate.every must be >= 1, got {self.every}")
 
-    def wrap(self, chunk: slice, velocity_fn):
-        state = {"i": 0, "v": None}
+    @property
+    def stores_exact_steps(self) -> bool:
+        return self.fresh_sde
 
-        def cached(x: Tensor, sigma: Tensor) -> Tensor:
-            i = state["i"]
-            state["i"] += 1
-            if i % self.every == 0 or state["v"] is None:
-                state["v"] = velocity_fn(x, sigma)
-            return state["v"]
-        return cached
+    def fresh_calls(self, sde: list[bool]) -> list[bool]:
+        """Which of a rollout's model calls (``sde[i]``: call i is a stochastic step's) run the model: every
+        ``every``-th call since the last one that ran (i % every = 0 without ``fresh_sde``), and with
+        ``fresh_sde`` every stochastic step's."""
+        fresh, last = [], -self.every
+        for i, stochastic in enumerate(sde):
+            fresh.append(i - last >= self.every or (self.fresh_sde and stochastic))
+            last = i if fresh[-1] else last
+        return fresh
 
     def sample(self, engine, prompts, generators, plan, *, decode: bool, images=None, on_chunk=None):
-        out = engine.sample(prompts, generators, plan, wrap=self.wrap, decode=decode, images=images,
+        fresh = self.fresh_calls(engine.stochastic_calls(plan))
+
+        def wrap(chunk: slice, velocity_fn):
+            state = {"i": 0, "v": None}
+
+            def cached(x: Tensor, sigma: Tensor) -> Tensor:
+                i = state["i"]
+                state["i"] += 1
+                if state["v"] is None or (fresh[i] if i < len(fresh) else i % self.every == 0):
+                    state["v"] = velocity_fn(x, sigma)
+                return state["v"]
+            return cached
+
+        out = engine.sample(prompts, generators, plan, wrap=wrap, decode=decode, images=images,
                             on_chunk=on_chunk)
-        return out, math.ceil(int(out.result.nfe) / self.every)
+        nfe = int(out.result.nfe)
+        if nfe != len(fresh):                             # a restart sampler's calls: the plain interval rule
+            return out, math.ceil(nfe / self.every)
+        return out, sum(fresh)
+
 
 
 @dataclass
@@ -87,6 +114,7 @@ class FP4Rollout(Exact):
     fmt: Literal["nvfp4", "mxfp4"] = "nvfp4"
     min_dim: int = 64                    # Linears narrower than this stay full precision (samplers.fp4)
     lossy: ClassVar[bool] = True
+    stores_exact_steps: ClassVar[bool] = False
     _copy: Any = field(default=None, repr=False)
 
     def refresh(self, policy) -> float:
@@ -118,6 +146,7 @@ class Precision(Exact):
 
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     lossy: ClassVar[bool] = True
+    stores_exact_steps: ClassVar[bool] = False
 
     def wrap(self, chunk: slice, velocity_fn):
         def low(x: Tensor, sigma: Tensor) -> Tensor:

@@ -142,9 +142,11 @@ class ScoutBase:
 @runtime_checkable
 class RolloutAccelerator(Protocol):
     """A cheaper training rollout (``sampler.accelerate``, registry ``flowrl.accelerators.ACCELERATORS``),
-    declaring whether it is lossy (its samples are not the exact policy's)."""
+    declaring whether it is lossy (its samples are not the exact policy's) and whether its stored transitions
+    still are (their log-probs need no rollout correction)."""
 
     lossy: bool
+    stores_exact_steps: bool
 
     def refresh(self, policy: Any) -> float:
         """Bring a copy of the weights up to date before an iteration's rollout; the seconds it took."""

@@ -181,11 +181,16 @@ class SamplingEngine:
     def calls_per_sample(self, plan) -> int:
         """Model calls of one flat rollout of ``spec.steps`` steps with ``plan`` (merged SDE steps and a
         compressed tail make fewer)."""
+        return len(self.stochastic_calls(plan))
+
+    def stochastic_calls(self, plan) -> list[bool]:
+        """Per model call of one flat rollout with ``plan``, in order: whether it is a stochastic (stored)
+        step's."""
         from samplers.steps import build_stages
         from samplers.windows import StepPlan
 
         n = self.spec.steps
-        return len(build_stages(torch.linspace(1.0, 0.0, n + 1), plan or StepPlan(n)))
+        return [st.sde for st in build_stages(torch.linspace(1.0, 0.0, n + 1), plan or StepPlan(n))]
 
 
 def check_images(policy, images: Sequence | None, n: int) -> list | None:

@@ -219,6 +219,7 @@ def test_every_rollout_accelerator_meets_its_protocol(name):
     acc = ACCELERATORS.get(name)()
     assert isinstance(acc, RolloutAccelerator) and isinstance(acc.lossy, bool)
     assert acc.lossy == (name != "exact")
+    assert isinstance(acc.stores_exact_steps, bool) and acc.stores_exact_steps == (name == "exact")
 
 
 def test_rollout_strategies_meet_the_strategy_protocol():

@@ -82,27 +82,31 @@ def objective_fits_kernel(cfg, source: Source | None) -> None:
 def accelerator_fits_objective(cfg, source: Source | None) -> None:
     """Flow-Factory's validator rule with verl's rollout correction (docs/training.md "Throughput"): a lossy
     ``sampler.accelerate`` under a ratio-based objective needs an objective that applies the correction and
-    ``sampler.correction`` set; the correction is refused where it would do nothing."""
+    ``sampler.correction`` set, unless its stored transitions are the exact policy's (``stores_exact_steps``);
+    the correction is refused where it would do nothing."""
     from flowrl.accelerators import build
     from flowrl.objectives import get_objective
 
     s, kind = cfg.sampler, cfg.objective.kind
     acc, spec = s.accelerate.kind, get_objective(kind, cfg.objective.config)
-    lossy = build(s.accelerate).lossy
+    acc_obj = build(s.accelerate)
+    lossy = acc_obj.lossy
+    off_policy = lossy and not acc_obj.stores_exact_steps     # the stored transitions are not π_old's
     if lossy and (s.tree is not None or s.pool is not None):
         raise config_error(f"the {acc} rollout accelerator applies to flat rollouts; drop sampler.tree / "
                            "sampler.pool or set sampler.accelerate.kind=exact", "sampler.accelerate", source)
-    if lossy and spec.ratio_based and not spec.corrects_rollouts:
+    if off_policy and spec.ratio_based and not spec.corrects_rollouts:
         raise config_error(f"objective {kind!r} takes a ratio against the rollout's log-probs and applies no "
                            f"rollout correction: the lossy {acc} rollout accelerator would make it off-policy; "
                            "set sampler.accelerate.kind=exact", "sampler.accelerate", source)
-    if lossy and spec.ratio_based and s.correction is None:
+    if off_policy and spec.ratio_based and s.correction is None:
         raise config_error(f"objective {kind!r} is ratio-based and the {acc} rollout accelerator is lossy: set "
                            "sampler.correction (e.g. {is_threshold: 2.0}) or sampler.accelerate.kind=exact",
                            "sampler.accelerate", source)
-    if s.correction is not None and not (lossy and spec.ratio_based):
-        why = (f"objective {kind!r} takes no ratio against the rollout's log-probs" if lossy else
-               f"sampler.accelerate.kind={acc} is lossless")
+    if s.correction is not None and not (off_policy and spec.ratio_based):
+        why = (f"objective {kind!r} takes no ratio against the rollout's log-probs" if off_policy else
+               f"sampler.accelerate.kind={acc} is lossless" if not lossy else
+               f"sampler.accelerate.kind={acc} stores the exact policy's transitions")
         raise config_error(f"sampler.correction corrects a lossy rollout under a ratio-based objective, but {why}; "
                            "set sampler.correction=null", "sampler.correction", source)
 

@@ -191,17 +191,20 @@ def test_plot_curves_draws_each_method_and_its_band(tmp_path):
 @pytest.mark.slow
 def test_run_recipe_counts_closed_form_nfes_and_reuses_before(tmp_path):
     """AWR on 2 prompts × 2 samples, 8 rollout steps, one σ per sample with old, train and reference
-    forwards: 32 rollout and 12 training NFEs per iteration; the second seed reuses the first's "before"."""
+    forwards: 32 rollout and 12 training NFEs per iteration; a second run of the same tiny model reuses the
+    first's "before" (a tiny random policy's weights follow ``run.seed``, so another seed's "before" is its own)."""
     cache = lib.BeforeCache(tmp_path / "cache")
     kw = dict(iterations=2, eval_every=1, eval_seeds=[0, 1], out_dir=tmp_path, eval_prompts=2, cache=cache,
               overrides=["policy.tiny=true", "train.prompts_per_iter=2", "train.group_size=2",
                         "train.micro_batch=2"])
     first = lib.run_recipe("awr", seed=0, name="a0", **kw)
-    second = lib.run_recipe("awr", seed=1, name="a1", **kw)
+    second = lib.run_recipe("awr", seed=0, name="a1", **kw)
+    other = lib.run_recipe("awr", seed=1, name="b1", **{**kw, "iterations": 1, "eval_every": 0})
     assert [(p["iteration"], p["rollout_nfe"], p["train_nfe"]) for p in first["curve"]] == \
         [(0, 0, 0), (1, 32, 12), (2, 64, 24)]
     assert first["rollout_nfe_counted"] == 64 and first["eval_images"] == 4
-    assert not first["before_cached"] and second["before_cached"]
+    assert not first["before_cached"] and second["before_cached"] and not other["before_cached"]
+    assert other["before_key"] != first["before_key"]
     assert second["before"] == first["before"]
     assert not (Path(second["run_dir"]) / "eval" / "before").exists()
     assert first["after"]["strict"] is not None and "detect/edge_density" in first["after"]

@@ -55,6 +55,9 @@ def test_async_reward_failure_names_the_reward(tmp_path):
     ("nft", "cache", [], True),                                          # decoupled: no ratio
     ("nft", "cache", ["sampler.correction={is_threshold: 2.0}"], False),   # correction would do nothing
     ("grpo", "exact", ["sampler.correction={is_threshold: 2.0}"], False),
+    ("grpo", "cache", ["sampler.accelerate={kind: cache, fresh_sde: true}"], True),   # stored steps exact
+    ("grpo", "cache", ["sampler.accelerate={kind: cache, fresh_sde: true}",           # nothing to correct
+                       "sampler.correction={is_threshold: 2.0}"], False),
 ])
 def test_lossy_rollouts_need_correction_under_ratio_objectives(tmp_path, objective, accel, extra, ok):
     kernel = "ode" if objective == "nft" else "flow_sde"
@@ -107,6 +110,24 @@ def test_corrected_cache_rollout_stores_exact_log_probs_and_weights(tmp_path):
     assert torch.equal(traj.is_weight, w)
     metrics = t.iteration(0)
     assert metrics["rollout_corr/log_ratio_abs_mean"] > 0 and "rollout_corr/rs_seq_masked_fraction" in metrics
+
+
+def test_cache_with_fresh_sde_steps_stores_the_exact_policys_transitions(tmp_path):
+    from flowrl.accelerators import exact_log_probs
+
+    base = toy_overrides(tmp_path) + QUIET + ["sampler.window={kind: all, skip_last: true}"]
+    exact = Trainer(load_config(None, base + ["run.name=exact"])).rollout.run(0)
+    t = Trainer(load_config(None, base + ["run.name=fresh", "sampler.accelerate={kind: cache, fresh_sde: true}"]))
+    s = t.rollout.run(0)
+    sde = t.rollout.engine.stochastic_calls(t.rollout.plan(0))
+    assert sde == [True, True, False]                       # 3 steps, the last one ODE (skip_last)
+    assert s.metrics["rollout/forwards"] == 4 * 2           # the ODE call reuses the last SDE step's velocity
+    assert torch.equal(exact_log_probs(t.rollout.engine, s.cond, s.result.traj), s.result.traj.log_prob)
+    assert torch.equal(s.result.traj.x, exact.result.traj.x)                  # the same SDE steps ...
+    assert not torch.equal(s.result.latents, exact.result.latents)           # ... then the cached ODE step
+    assert t.rollout.accelerator.fresh_calls([False] * 5) == [True, False, True, False, True]   # i % 2 = 0
+    sde = [False, True, False, False, True, False]
+    assert t.rollout.accelerator.fresh_calls(sde) == [True, True, False, True, True, False]
 
 
 def test_grpo_loss_scales_with_the_correction_weight(tmp_path):

@@ -16,10 +16,11 @@ side in one run on the shipped toy model.
   rollout with each accelerator of ``flowrl.accelerators`` ÷ the exact one; ``accel_rollout_ratio`` is the
   ``--accel`` accelerator's (target ≤ 0.7), and the GRPO rollout with its rollout-correction recompute is
   reported beside it.
-- **held-out gain with and without** (``learning_lib``, 3 seeds): NFT with ``--accel`` (decoupled, no correction)
-  and GRPO with ``--accel`` and ``sampler.correction`` (TIS, U = 2); ``accel_gain_delta_{nft,grpo}`` = mean over
-  seeds of (accelerated − exact) held-out strict gain, with the SE of the paired differences (target: within one
-  SE of 0) and GRPO's mean ``rollout_corr/*`` drift metrics.
+- **held-out gain with and without** (``learning_lib``, 3 seeds, ``--gain-recipes``): NFT with ``--accel``
+  (decoupled, no correction) and GRPO with ``--grpo-accel`` (default ``--accel``) and, where its stored
+  transitions are not the exact policy's, ``sampler.correction`` (TIS, U = 2); ``accel_gain_delta_{nft,grpo}`` =
+  mean over seeds of (accelerated − exact) held-out strict gain, with the SE of the paired differences (target:
+  within one SE of 0) and GRPO's mean ``rollout_corr/*`` drift metrics.
 - **compile**: ``compile_max_abs_diff`` = max |compiled − eager| velocity of the toy transformer (inductor); on a
   GPU also the forward time ratio ``compile_forward_ratio`` (null on CPU).
 
@@ -43,8 +44,22 @@ import torch
 from flowrl.bench import learning_lib
 from flowrl.bench.paths import REPO
 
-ACCEL = {"cache": "{kind: cache, every: 2}", "fp4": "{kind: fp4, min_dim: 0}", "precision": "{kind: precision}"}
+ACCEL = {"cache": "{kind: cache, every: 2}", "cache_fresh_sde": "{kind: cache, every: 2, fresh_sde: true}",
+         "fp4": "{kind: fp4, min_dim: 0}", "precision": "{kind: precision}"}
 CORRECTION = "sampler.correction={is_threshold: 2.0}"
+
+
+def accel_overrides(name: str, ratio_based: bool) -> list[str]:
+    """``sampler.accelerate`` of the ACCEL entry ``name``, with ``sampler.correction`` under a ratio-based
+    objective when the accelerator's stored transitions are not the exact policy's."""
+    import yaml
+
+    from flowrl.accelerators import ACCELERATORS
+
+    spec = yaml.safe_load(ACCEL[name])
+    acc = ACCELERATORS.get(spec.pop("kind"))(**spec)
+    correct = ratio_based and acc.lossy and not acc.stores_exact_steps
+    return [f"sampler.accelerate={ACCEL[name]}", *([CORRECTION] if correct else [])]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -56,6 +71,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--async-recipe", default="grpo", help="the recipe of the async part (configs/toy/NAME.yaml)")
     ap.add_argument("--latency", type=float, default=None, help="reward seconds per chunk (default: measured)")
     ap.add_argument("--accel", default="cache", choices=sorted(ACCEL), help="the accelerator of the gain runs")
+    ap.add_argument("--grpo-accel", default="", choices=["", *sorted(ACCEL)],
+                    help="the accelerator of the GRPO runs (empty: --accel)")
+    ap.add_argument("--gain-recipes", default="nft,grpo", help="the recipes of the gain part")
     ap.add_argument("--repeats", type=int, default=3, help="timed rollouts per accelerator")
     ap.add_argument("--eval-seeds", default="0,1,2")
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts per evaluation (0: all)")
@@ -67,6 +85,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", default=str(REPO / "runs" / "bench_throughput"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, end-to-end check only")
     args = ap.parse_args(argv)
+    if not args.gain_recipes or not set(args.gain_recipes.split(",")) <= {"nft", "grpo"}:
+        ap.error(f"--gain-recipes must name nft and/or grpo, got {args.gain_recipes!r}")
     if args.quick:
         args.seeds, args.iterations, args.async_iterations, args.repeats = "0", 2, 2, 1
         args.eval_seeds, args.eval_prompts, args.prompts_per_iter, args.chunk = "0", 4, 2, 2
@@ -150,10 +170,12 @@ def accel_part(args) -> dict:
     ratios = {k: rollout_wall("nft", common(args, f"accel_{k}", "nft") + [f"sampler.accelerate={v}"],
                               args.repeats) / exact for k, v in ACCEL.items()}
     grpo_exact = rollout_wall("grpo", common(args, "accel_grpo_exact", "grpo"), args.repeats)
-    grpo = rollout_wall("grpo", common(args, "accel_grpo", "grpo") + [f"sampler.accelerate={ACCEL[args.accel]}",
-                                                                      CORRECTION], args.repeats)
+    grpo_accel = args.grpo_accel or args.accel
+    grpo = rollout_wall("grpo", common(args, "accel_grpo", "grpo") + accel_overrides(grpo_accel, True),
+                        args.repeats)
     return {"accel_rollout_ratio": ratios[args.accel], "accel": args.accel, "accel_rollout_ratios_nft": ratios,
-            "accel_rollout_exact_s_nft": exact, "accel_rollout_ratio_grpo_corrected": grpo / grpo_exact}
+            "accel_rollout_exact_s_nft": exact, "accel_grpo": grpo_accel,
+            "accel_rollout_ratio_grpo_corrected": grpo / grpo_exact}
 
 
 # -------------------------------------------------------------------------------------------------- gains
@@ -168,9 +190,9 @@ def drift(run_dir: str) -> dict:
 def gain_part(args) -> dict:
     seeds, out = [int(s) for s in args.seeds.split(",")], {}
     extra = [f"train.prompts_per_iter={args.prompts_per_iter}"] if args.prompts_per_iter else []
-    arms = {"nft": [f"sampler.accelerate={ACCEL[args.accel]}"],
-            "grpo": [f"sampler.accelerate={ACCEL[args.accel]}", CORRECTION]}
-    for recipe, accel in arms.items():
+    arms = {"nft": accel_overrides(args.accel, False), "grpo": accel_overrides(args.grpo_accel or args.accel, True)}
+    for recipe in args.gain_recipes.split(","):
+        accel = arms[recipe]
         gains = {"exact": [], "accel": []}
         drifts = []
         for seed in seeds:
@@ -188,7 +210,9 @@ def gain_part(args) -> dict:
         out[f"accel_gain_delta_{recipe}"] = float(diff.mean())
         out[f"accel_gain_delta_{recipe}_se"] = se
         out[f"accel_gain_{recipe}"] = gains
-        if drifts:
+        if recipe == "grpo":
+            out["accel_grpo"] = args.grpo_accel or args.accel
+        if any(drifts):
             out["accel_grpo_drift"] = {k: float(np.mean([d[k] for d in drifts if k in d])) for k in drifts[0]}
     return out
 
