@@ -7,10 +7,11 @@ Flow-Factory ``guidance/acceleration.md``).
     cache      velocity cache: the model runs on call 0, every, 2·every, … of each rollout and the calls
                between reuse the last velocity (fixed-interval feature reuse, FORA arXiv 2407.01425, here of
                the whole transformer output; diffusers' first-block / pyramid caches are the adaptive kin).
-               Model calls per sample ⌈calls / every⌉; lossy. With ``fresh_sde: true`` every stochastic
-               (stored) step runs the model too, the interval counts from the last call that ran, and only
-               ODE steps reuse: the stored transitions are then
-               the exact policy's given their states (``stores_exact_steps``), as on MixGRPO-Flash's
+               Model calls per sample ⌈calls / every⌉; lossy. ``fresh_first: k`` runs the first k calls
+               fresh (the high-noise steps, where the composition forms), the interval counting on from
+               there. With ``fresh_sde: true`` every stochastic (stored) step runs the model too, the
+               interval counts from the last call that ran, and only ODE steps reuse: the stored transitions
+               are then the exact policy's given their states (``stores_exact_steps``), as on MixGRPO-Flash's
                cheaper ODE tail (arXiv 2507.21802 §3.3), so a ratio-based objective needs no correction.
     fp4        an emulated NVFP4 / MXFP4 copy of the LoRA-merged "old" transformer (``samplers.fp4``, the
                fp4 scout's copy; Sol-RL's NVFP4 rollouts), refreshed once per iteration; lossy.
@@ -64,23 +65,26 @@ class VelocityCache(Exact):
 
     every: int = 2
     fresh_sde: bool = False
-    lossy: ClassVar[bool] = True
+    fresh_first: int = 0             # the first calls always run the model (the high-noise steps; diffusers'
+    lossy: ClassVar[bool] = True     # FasterCache / pyramid-attention skip ranges keep them exact too)
 
     def __post_init__(self):
         if self.every < 1:
             raise ValueError(f"sampler.accelerate.every must be >= 1, got {self.every}")
+        if self.fresh_first < 0:
+            raise ValueError(f"sampler.accelerate.fresh_first must be >= 0, got {self.fresh_first}")
 
     @property
     def stores_exact_steps(self) -> bool:
         return self.fresh_sde
 
     def fresh_calls(self, sde: list[bool]) -> list[bool]:
-        """Which of a rollout's model calls (``sde[i]``: call i is a stochastic step's) run the model: every
-        ``every``-th call since the last one that ran (i % every = 0 without ``fresh_sde``), and with
-        ``fresh_sde`` every stochastic step's."""
+        """Which of a rollout's model calls (``sde[i]``: call i is a stochastic step's) run the model: the
+        first ``fresh_first``, then every ``every``-th call since the last one that ran (i % every = 0 with
+        neither option), and with ``fresh_sde`` every stochastic step's."""
         fresh, last = [], -self.every
         for i, stochastic in enumerate(sde):
-            fresh.append(i - last >= self.every or (self.fresh_sde and stochastic))
+            fresh.append(i < self.fresh_first or i - last >= self.every or (self.fresh_sde and stochastic))
             last = i if fresh[-1] else last
         return fresh
 

@@ -113,7 +113,7 @@ def test_corrected_cache_rollout_stores_exact_log_probs_and_weights(tmp_path):
 
 
 def test_cache_with_fresh_sde_steps_stores_the_exact_policys_transitions(tmp_path):
-    from flowrl.accelerators import exact_log_probs
+    from flowrl.accelerators import VelocityCache, exact_log_probs
 
     base = toy_overrides(tmp_path) + QUIET + ["sampler.window={kind: all, skip_last: true}"]
     exact = Trainer(load_config(None, base + ["run.name=exact"])).rollout.run(0)
@@ -128,6 +128,10 @@ def test_cache_with_fresh_sde_steps_stores_the_exact_policys_transitions(tmp_pat
     assert t.rollout.accelerator.fresh_calls([False] * 5) == [True, False, True, False, True]   # i % 2 = 0
     sde = [False, True, False, False, True, False]
     assert t.rollout.accelerator.fresh_calls(sde) == [True, True, False, True, True, False]
+    warm = VelocityCache(every=2, fresh_first=3)                       # 3 fresh, then every other call
+    assert warm.fresh_calls([False] * 7) == [True, True, True, False, True, False, True]
+    with pytest.raises(ValueError, match="fresh_first"):
+        VelocityCache(fresh_first=-1)
 
 
 def test_grpo_loss_scales_with_the_correction_weight(tmp_path):

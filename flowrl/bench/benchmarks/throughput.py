@@ -45,6 +45,7 @@ from flowrl.bench import learning_lib
 from flowrl.bench.paths import REPO
 
 ACCEL = {"cache": "{kind: cache, every: 2}", "cache_fresh_sde": "{kind: cache, every: 2, fresh_sde: true}",
+         "cache_fresh_first4": "{kind: cache, every: 2, fresh_first: 4}",
          "fp4": "{kind: fp4, min_dim: 0}", "precision": "{kind: precision}"}
 CORRECTION = "sampler.correction={is_threshold: 2.0}"
 
