@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -136,18 +134,22 @@ def test_failure_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000001"]
 
 
+def _die_mid_save(directory):
+    """The forked writer: its torch.save exits the process (no cleanup, no atexit) right after the weights file."""
+    def die(*a, **k):
+        os._exit(9)
+    ck.torch.save = die
+    ck.save_checkpoint(directory, 2, {"w": {"x": torch.zeros(3)}}, {"step": 2})
+
+
 def test_process_killed_mid_write_leaves_a_loadable_latest(tmp_path):
-    """A real crash: the writer process dies (os._exit) after the weights file, before state/manifest."""
+    """A real crash: the writer process dies (os._exit) after the weights file, before state/manifest. The writer
+    is forked, so it needs no fresh interpreter (a torch import costs seconds)."""
     save_checkpoint(tmp_path, 1, {"w": {"x": torch.ones(3)}}, {"step": 1})
-    script = textwrap.dedent(f"""
-        import os, torch, flowrl.checkpoint.store as ck
-        def die(*a, **k):
-            os._exit(9)
-        ck.torch.save = die
-        ck.save_checkpoint({str(tmp_path)!r}, 2, {{"w": {{"x": torch.zeros(3)}}}}, {{"step": 2}})
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120, check=False)
-    assert proc.returncode == 9, proc.stderr.decode()
+    proc = multiprocessing.get_context("fork").Process(target=_die_mid_save, args=(str(tmp_path),))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 9, proc.exitcode
     leftovers = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert any(n.startswith(".tmp-step_00000002") for n in leftovers)  # the half write is there...
     assert latest_checkpoint(tmp_path).name == "step_00000001"  # ...and ignored

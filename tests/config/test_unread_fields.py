@@ -76,6 +76,7 @@ FAMILY_OVERRIDES = {
     "ltx2": ["policy.max_sequence_length=8", "sampler.height=8", "sampler.width=8", "sampler.num_frames=9",
              "sampler.steps=4", "sampler.window.window_range=[0, 3]"],
 }
+TINY_STEPS = 4   # rollout steps of a tiny run: enough for a window, a boundary and an ODE tail
 VIDEO = ("wan", "wan22", "wan22_i2v", "hunyuan15", "ltx2")
 OFFLINE_REWARDS = ("toy", "toy_video")   # the shapes worlds: their verifiers run offline, the recipe's LoRA is kept
 
@@ -105,6 +106,8 @@ def tiny_overrides(cfg, tmp_path) -> list[str]:
           "eval.num_prompts=2", "eval.seeds=[0]", "eval.batch=2", "eval.held_out=[]", "eval.every=1",
           "checkpoint.every=1", f"run.output_dir={tmp_path}", "run.name=run", "log.progress=false"]
     ov += FAMILY_OVERRIDES[cfg.policy.kind]
+    if cfg.sampler.tree is None and not any(o.startswith("sampler.steps=") for o in ov):
+        ov.append(f"sampler.steps={min(cfg.sampler.steps, TINY_STEPS)}")   # a tree keeps its split depths
     if cfg.sampler.pool is not None:
         ov.append("sampler.pool.candidates=4")
         if cfg.sampler.pool.scout.kind == "fp4":       # tiny layers are below the real-size eligibility floor
