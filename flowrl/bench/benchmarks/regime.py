@@ -68,7 +68,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--tree-steps", type=int, default=20, help="rollout and evaluation steps of both methods")
     g.add_argument("--tree-splits", default="0,3,6,9", help="BranchGRPO's binary split steps")
     g.add_argument("--tree-noise", type=float, default=1.0, help="the split-noise scale")
-    g.add_argument("--tree-prompts", type=int, default=4, help="tree prompts per iteration (flat keeps 8 x 8)")
+    g.add_argument("--tree-prompts", type=int, default=4, help="tree prompts per iteration (flat: 8 prompts x 4)")
     g.add_argument("--tree-budget", type=int, default=25600, help="rollout NFEs per run")
     g.add_argument("--tree-evals", type=int, default=4, help="evaluations per run besides 'before'")
     g.add_argument("--tree-eval-seeds", default="0,1", help="images per held-out prompt in each evaluation")
