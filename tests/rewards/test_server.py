@@ -104,6 +104,14 @@ def test_bad_requests_get_4xx_then_server_still_serves(server):
     assert _post(server, encode_request(make_input(_images())))[0] == 200  # still serving
 
 
+def test_stop_leaves_no_thread_inside_the_reward(server):
+    """stop() joins the connection workers and the batcher: a daemon thread still in torch code when the
+    interpreter exits aborts the process ("terminate called without an active exception", rc 134)."""
+    assert _post(server, encode_request(make_input(_images())))[0] == 200
+    server.stop()
+    assert not any(t.is_alive() for t in [*server.httpd.workers, server.batcher.thread])
+
+
 def test_nan_and_concurrent_requests_are_batched():
     CALLS["sizes"].clear()
     srv = RewardServer(build_reward("reward_fakes:half_nan_reward", name="half"), TOKEN)
