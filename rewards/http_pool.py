@@ -113,7 +113,10 @@ class PooledHTTPServer(HTTPServer):
         if not isinstance(err, (ConnectionError, TimeoutError)):  # a peer hanging up is not news
             print(f"reward server: {client_address}: {type(err).__name__}: {err}", file=sys.stderr)
 
-    def server_close(self) -> None:
+    def server_close(self, join_s: float = 5.0) -> None:
+        """Close the socket, drop the queued connections, and wait up to ``join_s`` for the workers to finish the
+        connection each holds: a daemon thread still inside the reward (torch, C++) when the interpreter exits
+        aborts the process ("terminate called without an active exception")."""
         super().server_close()
         while True:
             try:
@@ -124,6 +127,9 @@ class PooledHTTPServer(HTTPServer):
                 self.shutdown_request(item[0])
         for _ in self.workers:
             self.pending.put(None)
+        deadline = time.monotonic() + join_s
+        for t in self.workers:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def drain(sock: socket.socket, seconds: float, max_bytes: int) -> None:

@@ -28,7 +28,6 @@ import queue
 import secrets
 import sys
 import threading
-import time
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -156,8 +155,10 @@ class Batcher:
             for j in group:
                 j.done.set()
 
-    def close(self) -> None:
+    def close(self, join_s: float = 5.0) -> None:
+        """Stop after the queued jobs, waiting up to ``join_s`` for the thread (see PooledHTTPServer.server_close)."""
         self.jobs.put(None)
+        self.thread.join(join_s)
 
 
 class _ScoreHandler(PooledJSONHandler):
@@ -253,18 +254,12 @@ class RewardServer:
         self._thread.start()
         return self
 
-    def stop(self, join_s: float = 5.0) -> None:
-        """Stop accepting, then wait up to ``join_s`` for the connection workers and the batcher to finish what
-        they hold: a daemon thread still inside the reward (torch, C++) when the interpreter exits aborts the
-        process ("terminate called without an active exception")."""
+    def stop(self) -> None:
         if self._thread is not None:  # shutdown() waits for serve_forever, so only after start()
             self.httpd.shutdown()
             self._thread.join()
         self.httpd.server_close()
         self.batcher.close()
-        deadline = time.monotonic() + join_s
-        for t in [*self.httpd.workers, self.batcher.thread]:
-            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _parser() -> argparse.ArgumentParser:
