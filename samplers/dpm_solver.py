@@ -11,7 +11,7 @@ Flow parametrisation: α = 1 − σ, λ = log(α/σ), data prediction x̂0 = x �
 order (x_t = m0, diffusers' ``lower_order_final``); so is the first step (no history) and any step from σ_s =
 1 (λ_s = −∞).
 
-As a registered deterministic kernel (``KERNELS["dpmpp_2m"]``, a ``samplers.multistep.MultistepKernel``) the
+As a registered deterministic kernel (``KERNELS["dpmpp_2m"]``, a ``Kernel`` with ``history=1``) the
 rollout engine runs every ODE step through it when ``ode_kernel="dpmpp_2m"``: the engine carries
 ``history = (x̂0, σ)`` of the previous step along each node's path and resets it after a stochastic step.
 Tested against
@@ -26,8 +26,16 @@ import torch
 from torch import Tensor
 
 from flowrl.types import StepOut
-from samplers.kernel import as_f32, check_pair
-from samplers.multistep import MultistepKernel, data_prediction, uniform_sigma
+from samplers.kernel import Kernel, as_f32, check_pair, data_prediction, per_sample
+
+
+def uniform_sigma(sigma: Tensor | float, x: Tensor, what: str = "sigma") -> float:
+    """σ as one Python float; raises when the rows of a (B,) σ differ (one σ per multistep call)."""
+    s = per_sample(sigma, x)
+    first = float(s[0])
+    if bool((s != first).any()):
+        raise ValueError(f"multistep kernel: every row must share one {what} per call, got {s.tolist()}")
+    return first
 
 
 def _lam(sigma: float) -> float:
@@ -106,4 +114,4 @@ def log_prob(x_next: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean",
                      "dance_sde or cps for the steps you train on")
 
 
-KERNEL = MultistepKernel("dpmpp_2m", Config, step, log_prob, stochastic=False, history=1)
+KERNEL = Kernel("dpmpp_2m", Config, step, log_prob, stochastic=False, history=1)

@@ -5,6 +5,13 @@ plus a ``log_prob(x_next, mean, std, reduce, cfg)`` that scores a transition.  T
 ``step`` with fresh ``noise``; the objective calls ``step`` again with the stored ``x_next`` (so the
 mean is recomputed under the current weights) and the same ``log_prob``, so rollout-time and
 training-time log-probs come from one function.  All math runs in float32.
+
+A multistep ODE kernel (``history > 0``, e.g. DPM-Solver++(2M), ``samplers.dpm_solver``) also takes the data
+prediction of the previous step on the row's own path, ``history = (x̂0_prev (B, ...), σ_prev float)`` or None
+(first order), with ``x̂0 = x − σ·v`` (``data_prediction``). The engines (``samplers.rollout``,
+``samplers.tree``) carry one x̂0 per row along deterministic steps and reset it (``history=None``) after a
+stochastic step — the noise jump breaks the finite difference ``(x̂0 − x̂0_prev)/h`` the second-order term is
+built on — and at the start of a compressed ODE tail (MixGRPO-Flash starts its tail fresh).
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ class Kernel:
     """A registered step kernel: its name, ``Config`` class, ``step`` and ``log_prob`` functions.
 
     stochastic: False for the deterministic ODE step (which has no log-prob).
+    history: how many previous steps' x̂0 the ``step`` takes as ``history`` (0: a one-step kernel; 1: a
+    second-order multistep kernel). The engines read this flag, never the kernel's name.
     """
 
     name: str
@@ -30,6 +39,7 @@ class Kernel:
     step: Callable[..., StepOut]
     log_prob: Callable[..., Tensor]
     stochastic: bool = True
+    history: int = 0
 
     def config(self, **overrides: Any):
         """``Config(**overrides)`` with a clear error for an unknown key."""
@@ -55,6 +65,12 @@ def per_sample(sigma: Tensor | float, x: Tensor) -> Tensor:
 def bcast(t: Tensor, x: Tensor) -> Tensor:
     """A (B,) tensor viewed as (B, 1, 1, ...) to broadcast against x."""
     return t.view(t.shape[0], *([1] * (x.dim() - 1)))
+
+
+def data_prediction(x: Tensor, v: Tensor, sigma: Tensor | float) -> Tensor:
+    """x̂0 = x − σ·v per row, float32 (σ a float, 0-d or (B,) tensor)."""
+    x = x.to(torch.float32)
+    return x - bcast(per_sample(sigma, x), x) * v.to(torch.float32)
 
 
 def as_f32(*ts: Tensor | None) -> list[Tensor | None]:

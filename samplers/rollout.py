@@ -24,8 +24,7 @@ from torch import Tensor
 
 from flowrl.types import RolloutResult, Trajectory, VelocityFn
 from samplers.dpm_solver import KERNEL as DPM_TAIL
-from samplers.kernel import Kernel, resolve_kernel
-from samplers.multistep import data_prediction, is_multistep
+from samplers.kernel import Kernel, data_prediction, resolve_kernel
 from samplers.rng import randn_rows
 from samplers.schedule import check_grid
 from samplers.steps import Stage, build_stages
@@ -79,7 +78,7 @@ def rollout(velocity_fn: VelocityFn, x1: Tensor, sigmas: Tensor, plan: StepPlan 
             x, history = out.x_next, None
         else:
             kern, cfg = (DPM_TAIL, DPM_TAIL.Config()) if st.tail else (ode, ode_cfg)
-            extra = {"history": history} if is_multistep(kern) else {}
+            extra = {"history": history} if kern.history else {}
             x, history = kern.step(x, v, sigma, sigma_next, cfg=cfg, **extra).x_next, (x_hat, float(st.sigma))
         if path is not None:
             path.append(x)

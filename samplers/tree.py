@@ -20,7 +20,7 @@ k, tail?)``. Each stage:
     (sha256 of the parent's seed, step, j). A node's noise therefore never depends on its batch companions.
     ODE children: ``ode_kernel.step`` — Euler (bit-identical to diffusers) or a multistep kernel (dpmpp_2m)
     fed the row's ``history = (x̂0_prev, σ_prev)``, which passes along ODE edges and resets after an SDE edge
-    and at the start of the compressed tail (``samplers.multistep``).
+    and at the start of the compressed tail (``samplers.kernel``: ``Kernel.history``).
  4. the children become the frontier, parent-major (a trunk's ODE child first); stochastic edges are stored.
 
 NFE: forwards = Σ_stages |frontier| — each node's velocity is computed once and shared by all its children.
@@ -37,8 +37,7 @@ from torch import Tensor
 
 from flowrl.types import RolloutResult
 from samplers.dpm_solver import KERNEL as DPM_KERNEL
-from samplers.kernel import Kernel, resolve_kernel
-from samplers.multistep import data_prediction, is_multistep
+from samplers.kernel import Kernel, data_prediction, resolve_kernel
 from samplers.rng import derived_seed, randn_rows
 from samplers.rollout import check_rollout_args, step_kernels
 from samplers.schedule import check_grid
@@ -190,7 +189,7 @@ def _ode_step(st: Stage, fr: _Frontier, v: Tensor, par: list[int], kern: Kernel,
     n_all = fr.x.shape[0]
     xs, vs = _gather(fr.x, par, n_all), _gather(v, par, n_all)
     sig, sig_n = st.sigma.expand(len(par)), st.sigma_next.expand(len(par))
-    if not is_multistep(kern):
+    if not kern.history:
         return kern.step(xs, vs, sig, sig_n, cfg=cfg).x_next
     ok = [fr.hist_ok[r] for r in par]
     if all(o == ok[0] for o in ok):
@@ -263,7 +262,7 @@ def tree_rollout(velocity_fn: TreeVelocityFn, x1: Tensor, sigmas: Tensor, plan: 
     fr = _Frontier(x, nodes.add_roots(n_roots), torch.arange(n_roots),
                    list(generators) if generators is not None else None, [True] * n_roots,
                    hist_ok=[False] * n_roots)
-    multistep = is_multistep(okern) or any(st.tail for st in stages)
+    multistep = bool(okern.history) or any(st.tail for st in stages)
     bar, j_sde, x0_pred = _progress(len(stages), progress), 0, x
     for si, st in enumerate(stages):
         if st.tail and (si == 0 or not stages[si - 1].tail):

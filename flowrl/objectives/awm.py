@@ -22,12 +22,11 @@ import torch
 from torch import Tensor
 
 from flowrl.config.loader import nested_plugin
-from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.batch import TrainBatch, masked_mean, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.regression import (
     anchor_penalty,
     forward_batch,
-    mean_elems,
     rectified_regression,
     velocity_at,
 )

@@ -88,6 +88,11 @@ class TrainBatch:
         return torch.randn(self.x0.shape, generator=self.generator, dtype=torch.float32, device=dev).to(self.x0.device)
 
 
+def mean_elems(t: Tensor) -> Tensor:
+    """Mean over every non-batch dim → (B,)."""
+    return t.flatten(1).mean(dim=1)
+
+
 def masked_mean(per_sample: Tensor, weights: Tensor) -> Tensor:
     """Σ w_i ℓ_i / max(Σ w_i, 1): the mean over the samples that count (0 when none do)."""
     ell = torch.where(weights > 0, per_sample, torch.zeros_like(per_sample))

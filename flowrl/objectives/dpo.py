@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from flowrl.objectives.batch import TrainBatch
+from flowrl.objectives.batch import TrainBatch, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.pairs import GROUP, PAIRED_FORWARD, RULES, check_groups, pair_scores
-from flowrl.objectives.regression import forward_batch, mean_elems, velocity_at
+from flowrl.objectives.regression import forward_batch, velocity_at
 from flowrl.types import LossOut
 
 TRAINS_ON = PAIRED_FORWARD

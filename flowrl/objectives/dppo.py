@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 
 from flowrl.objectives import grpo
-from flowrl.objectives.batch import TrainBatch
+from flowrl.objectives.batch import TrainBatch, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
-from flowrl.objectives.regression import mean_elems
 from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.types import LossOut
 

@@ -30,9 +30,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from flowrl.objectives.batch import TrainBatch, masked_mean
+from flowrl.objectives.batch import TrainBatch, masked_mean, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
-from flowrl.objectives.regression import mean_elems
 from flowrl.objectives.sources import TRAJECTORY_ROWS
 from flowrl.registry import import_string
 from flowrl.types import LossOut

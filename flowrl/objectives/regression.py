@@ -20,14 +20,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from flowrl.objectives.batch import masked_mean, mean_elems
+
 
 def _b(t: Tensor, like: Tensor) -> Tensor:
     return t.reshape(t.shape[0], *([1] * (like.dim() - 1))).to(like.dtype)
-
-
-def mean_elems(t: Tensor) -> Tensor:
-    """Mean over every non-batch dim → (B,)."""
-    return t.flatten(1).mean(dim=1)
 
 
 def forward_noise(x0: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
@@ -91,7 +88,5 @@ def velocity_at(policy, adapter: str | None, fb: ForwardBatch, cond, guidance, g
 def anchor_penalty(policy, adapter: str | None, fb: ForwardBatch, cond, guidance, v_theta: Tensor) -> Tensor:
     """mean over kept samples of mean_elems (v_θ − sg(v_anchor))², v_anchor under ``adapter`` (None: the base —
     the anchors' "KL" to the reference)."""
-    from flowrl.objectives.batch import masked_mean
-
     v_anchor = velocity_at(policy, adapter, fb, cond, guidance)
     return masked_mean(mean_elems((v_theta - v_anchor) ** 2), fb.keep)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flowrl.objectives.batch import TrainBatch
+from flowrl.objectives.batch import TrainBatch, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.pairs import LOGIT_NORMAL_FORWARD
-from flowrl.objectives.regression import forward_batch, mean_elems, velocity_at
+from flowrl.objectives.regression import forward_batch, velocity_at
 from flowrl.types import LossOut
 
 TRAINS_ON = LOGIT_NORMAL_FORWARD

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl.objectives.batch import TrainBatch
+from flowrl.objectives.batch import TrainBatch, mean_elems
 from flowrl.objectives.old_policy import OldUpdate, check_positive
 from flowrl.objectives.sources import row_generators
 from flowrl.types import LossOut
@@ -129,10 +129,6 @@ def prepare_advantages(adv: Tensor, group_ids: Tensor, cfg: Config | None = None
 
 
 # ----------------------------------------------------------------------------------------- the formulas
-def mean_elems(t: Tensor) -> Tensor:
-    return t.flatten(1).mean(dim=1)
-
-
 def bcast(v: Tensor, like: Tensor) -> Tensor:
     return v.view(-1, *([1] * (like.dim() - 1))).to(like)
 

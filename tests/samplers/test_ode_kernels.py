@@ -7,7 +7,7 @@ from diffusers import DPMSolverMultistepScheduler
 from samplers import KERNELS
 from samplers import tree_spec as ts
 from samplers.dpm_solver import dpmpp_2m_step
-from samplers.multistep import data_prediction
+from samplers.kernel import data_prediction
 from samplers.rng import randn_rows, sample_generator
 from samplers.rollout import rollout
 from samplers.schedule import flow_match_sigmas
