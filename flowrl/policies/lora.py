@@ -139,9 +139,13 @@ def set_trainable(model: nn.Module, trainable: str | None = TRAIN) -> None:
 
 
 def _set_trainable(model: nn.Module, trainable: str | None, layers: list[tuple[str, nn.Module]]) -> None:
-    for name in _names(layers):
-        for p in _named_parameters(model, name, layers).values():
-            p.requires_grad_(name == trainable)
+    """One pass over the layers' adapter stores (``adapter_layer_names``): requires_grad = (adapter is trainable)."""
+    key = None if trainable is None else peft_name(trainable)
+    for _, m in layers:
+        for layer_name in m.adapter_layer_names:
+            for k, item in getattr(m, layer_name).items():
+                for p in (item,) if isinstance(item, nn.Parameter) else item.parameters():
+                    p.requires_grad_(k == key)
 
 
 def add_adapters(model: nn.Module, config: LoraConfig) -> None:
@@ -170,17 +174,25 @@ def add_adapters(model: nn.Module, config: LoraConfig) -> None:
     activate(model, config.names[0], trainable=config.names[0])
 
 
-def activate(model: nn.Module, name: str | None, trainable: str | None = TRAIN) -> None:
-    """Make adapter ``name`` the one the forward pass uses (None: base, adapters disabled); re-freeze grads."""
-    layers = tuner_layers(model)          # switching adapters adds or removes no module
+def activate(model: nn.Module, name: str | None, trainable: str | None = TRAIN,
+             layers: list[tuple[str, nn.Module]] | None = None) -> None:
+    """Make adapter ``name`` the one the forward pass uses (None: base, adapters disabled); re-freeze grads.
+
+    ``layers``: ``tuner_layers(model)`` when the caller keeps it (switching adapters adds or removes no module;
+    the walk costs ~7 ms on SD3.5-Large's 5,400 modules); walked here otherwise."""
+    layers = tuner_layers(model) if layers is None else layers
     if name is not None:
         _check_name(model, name, layers)
+    target = None if name is None else [peft_name(name)]
     for _, m in layers:
-        if name is None:
+        if target is None:
             m.enable_adapters(False)
-        else:
-            m.set_adapter(peft_name(name))
+        elif m.disable_adapters:          # enable_adapters(True) re-applies the active adapter itself
+            if m.active_adapters != target:
+                m.set_adapter(target)
             m.enable_adapters(True)
+        elif m.active_adapters != target:
+            m.set_adapter(target)
     _set_trainable(model, trainable, layers)
 
 

@@ -38,6 +38,7 @@ class TransformerWeights:
                 raise ValueError(f"LoraConfig.names must start with {TRAIN!r} and contain {OLD!r}, "
                                  f"got {lora_config.names}")
             lora.add_adapters(transformer, lora_config)
+            self._tuner_layers = lora.tuner_layers(transformer)   # fixed from here on: sharding keeps modules
         else:
             transformer.requires_grad_(True)
             self._copies[OLD] = _frozen_copy(transformer)
@@ -69,13 +70,19 @@ class TransformerWeights:
             hint = " (full fine-tune made without keep_base=True)" if name is None else ""
             raise KeyError(f"unknown adapter {name!r}{hint}; choose one of {self.names()}")
         if self.is_lora:
-            lora.activate(self.transformer, name, trainable=TRAIN)
+            lora.activate(self.transformer, name, trainable=TRAIN, layers=self._tuner_layers)
         self.active = name
 
     @contextmanager
     def use(self, name: str | None) -> Iterator[None]:
-        """Within the block the transformer runs weight set ``name``; restores the previous one after."""
+        """Within the block the transformer runs weight set ``name``; restores the previous one after. Asking for
+        the active set switches nothing (with LoRA a switch walks every adapter layer: ~45 ms on SD3.5-Large)."""
         previous = self.active
+        if name == previous:
+            if name not in self.names():
+                self._activate(name)      # the unknown-name error
+            yield
+            return
         self._activate(name)
         try:
             yield

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from flowrl.bench.benchmarks.adapters import peft_switch
 from flowrl.policies import lora
 from flowrl.policies.lora import LoraConfig
 from flowrl.policies.weights import TransformerWeights
@@ -181,3 +182,41 @@ def test_forward_goes_through_a_wrapper_when_set():
             with w.use(name):
                 run(w, x)
         assert wrapper.calls == (3 if cfg is not None else 1)   # full FT: old/base are separate frozen copies
+
+
+def _switch_state(model, x):
+    layers = lora.tuner_layers(model)
+    return ([(m.active_adapters, m.disable_adapters) for _, m in layers],
+            [(n, p.requires_grad) for n, p in model.named_parameters()], model(x))
+
+
+def test_activate_leaves_the_state_of_peft_own_switch_after_any_sequence():
+    """``lora.activate`` skips the peft calls whose effect is already there; the state after any sequence of
+    switches must be the one peft's own calls leave (``peft_switch``, the adapters benchmark's baseline)."""
+    cfg = LoraConfig(rank=4, alpha=8, names=("train", "old", "ref"))
+    fast, ref, x = make(cfg).transformer, make(cfg).transformer, torch.randn(3, 8)
+    for model in (fast, ref):
+        for i, n in enumerate(("train", "old", "ref")):
+            perturb(lora.adapter_parameters(model, n), 0.1, seed=i)
+    layers = lora.tuner_layers(fast)
+    sequence = [("old", "train"), (None, "train"), ("train", "train"), ("train", "train"), (None, None),
+                ("ref", "old"), ("ref", "train"), (None, "train"), ("old", None), ("train", "train")]
+    for name, trainable in sequence:
+        lora.activate(fast, name, trainable, layers=layers if name != "ref" else None)
+        peft_switch(ref, name, trainable)
+        (a_fast, g_fast, y_fast), (a_ref, g_ref, y_ref) = _switch_state(fast, x), _switch_state(ref, x)
+        assert a_fast == a_ref and g_fast == g_ref, (name, trainable)
+        torch.testing.assert_close(y_fast, y_ref, atol=0, rtol=0)
+
+
+def test_asking_for_the_active_weights_switches_nothing(monkeypatch):
+    w, calls = make(), []
+    monkeypatch.setattr(lora, "activate", lambda *a, **k: calls.append(a[1]))
+    with w.use("train"), w.use("train"):
+        pass
+    assert calls == []
+    with w.use("old"), w.use("old"):
+        pass
+    assert calls == ["old", "train"]
+    with pytest.raises(KeyError, match="choose one of"), w.use("nope"):
+        pass
