@@ -95,6 +95,7 @@ def iteration_switches(tmp: str) -> dict:
     """``use`` calls and actual switches of one tiny SD3.5 GRPO iteration (the recipe's β_KL = 0.01)."""
     from flowrl.bench.paths import REPO
     from flowrl.config import load_config as load_run
+    from flowrl.distributed.processes import make_accelerator
     from flowrl.policies import weights
     from flowrl.training.trainer import Trainer
 
@@ -115,7 +116,7 @@ def iteration_switches(tmp: str) -> dict:
         "train.micro_batch=2", "eval.before=false", "eval.after=false", "checkpoint.every=0",
         "rewards={jpeg_compressibility: {weight: 1.0}}", f"run.output_dir={tmp}", "log.progress=false",
         "policy.lora={rank: 2, alpha: 4, target_modules: [to_q, to_v]}", "eval.held_out=[]"])
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, accelerator=make_accelerator("no", cpu=True))   # counts, not speed: one CPU process
     weights.TransformerWeights.use, lora.activate = use, activate
     try:
         trainer.iteration(0)
