@@ -41,18 +41,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def peft_switch(model, name: str | None, trainable: str | None = lora.TRAIN) -> None:
+def peft_switch(model, name: str | None, trainable: str | None = lora.TRAIN, layers=None) -> None:
     """The switch with peft's calls alone: ``set_adapter`` + ``enable_adapters`` on every layer, then one
-    ``requires_grad_`` per adapter parameter (the state ``lora.activate`` must leave, and its baseline)."""
-    for _, m in lora.tuner_layers(model):
+    ``requires_grad_`` per adapter parameter (the state ``lora.activate`` must leave, and its baseline: one walk
+    of the module tree, given ``layers``, as flowrl's switch did before)."""
+    layers = lora.tuner_layers(model) if layers is None else layers
+    for _, m in layers:
         if name is None:
             m.enable_adapters(False)
         else:
             m.set_adapter(lora.peft_name(name))
             m.enable_adapters(True)
-    for n in lora.adapter_names(model):
-        for p in lora.adapter_parameters(model, n):
-            p.requires_grad_(n == trainable)
+    keep = None if trainable is None else lora.peft_name(trainable)
+    for _, m in layers:
+        for store in m.adapter_layer_names:
+            for key, item in getattr(m, store).items():
+                for p in [item] if isinstance(item, torch.nn.Parameter) else item.parameters():
+                    p.requires_grad_(key == keep)
 
 
 def meta_model(family: str, quick: bool):
@@ -76,7 +81,8 @@ def meta_model(family: str, quick: bool):
 def switch_ms(family: str, args) -> dict:
     model = meta_model(family, args.quick)
     layers = lora.tuner_layers(model)
-    ways = {"peft": lambda n: peft_switch(model, n), "flowrl": lambda n: lora.activate(model, n, layers=layers)}
+    ways = {"peft": lambda n: peft_switch(model, n, layers=layers),
+            "flowrl": lambda n: lora.activate(model, n, layers=layers)}
     best = {k: float("inf") for k in ways}
     for _ in range(args.repeats):
         for k, switch in ways.items():
