@@ -133,13 +133,11 @@ def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
     return list(adapter_named_parameters(model, name).values())
 
 
-def set_trainable(model: nn.Module, trainable: str | None = TRAIN) -> None:
-    """requires_grad = True for adapter ``trainable`` only; every other adapter (and the base) frozen."""
-    _set_trainable(model, trainable, tuner_layers(model))
-
-
-def _set_trainable(model: nn.Module, trainable: str | None, layers: list[tuple[str, nn.Module]]) -> None:
-    """One pass over the layers' adapter stores (``adapter_layer_names``): requires_grad = (adapter is trainable)."""
+def set_trainable(model: nn.Module, trainable: str | None = TRAIN,
+                  layers: list[tuple[str, nn.Module]] | None = None) -> None:
+    """requires_grad = True for adapter ``trainable`` only; every other adapter (and the base) frozen: one pass
+    over the layers' adapter stores (``adapter_layer_names``). ``layers`` as in ``activate``."""
+    layers = tuner_layers(model) if layers is None else layers
     key = None if trainable is None else peft_name(trainable)
     for _, m in layers:
         for layer_name in m.adapter_layer_names:
@@ -178,8 +176,8 @@ def activate(model: nn.Module, name: str | None, trainable: str | None = TRAIN,
              layers: list[tuple[str, nn.Module]] | None = None) -> None:
     """Make adapter ``name`` the one the forward pass uses (None: base, adapters disabled); re-freeze grads.
 
-    ``layers``: ``tuner_layers(model)`` when the caller keeps it (switching adapters adds or removes no module;
-    the walk costs ~7 ms on SD3.5-Large's 5,400 modules); walked here otherwise."""
+    ``layers``: ``tuner_layers(model)`` when the caller keeps it (switching adapters adds or removes no module,
+    and the walk visits every module of the model); walked here otherwise."""
     layers = tuner_layers(model) if layers is None else layers
     if name is not None:
         _check_name(model, name, layers)
@@ -187,13 +185,12 @@ def activate(model: nn.Module, name: str | None, trainable: str | None = TRAIN,
     for _, m in layers:
         if target is None:
             m.enable_adapters(False)
-        elif m.disable_adapters:          # enable_adapters(True) re-applies the active adapter itself
+        else:
+            if m.disable_adapters:
+                m.enable_adapters(True)   # re-applies the layer's active adapter (one set_adapter)
             if m.active_adapters != target:
                 m.set_adapter(target)
-            m.enable_adapters(True)
-        elif m.active_adapters != target:
-            m.set_adapter(target)
-    _set_trainable(model, trainable, layers)
+    set_trainable(model, trainable, layers)
 
 
 def active_adapter(model: nn.Module) -> str | None:

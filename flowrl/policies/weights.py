@@ -76,11 +76,10 @@ class TransformerWeights:
     @contextmanager
     def use(self, name: str | None) -> Iterator[None]:
         """Within the block the transformer runs weight set ``name``; restores the previous one after. Asking for
-        the active set switches nothing (with LoRA a switch walks every adapter layer: ~45 ms on SD3.5-Large)."""
+        the active set (always a known one) switches nothing: with LoRA a switch visits every adapter layer
+        (docs/BENCHMARKS.md "adapters")."""
         previous = self.active
         if name == previous:
-            if name not in self.names():
-                self._activate(name)      # the unknown-name error
             yield
             return
         self._activate(name)

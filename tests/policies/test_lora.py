@@ -207,6 +207,8 @@ def test_activate_leaves_the_state_of_peft_own_switch_after_any_sequence():
         (a_fast, g_fast, y_fast), (a_ref, g_ref, y_ref) = _switch_state(fast, x), _switch_state(ref, x)
         assert a_fast == a_ref and g_fast == g_ref, (name, trainable)
         torch.testing.assert_close(y_fast, y_ref, atol=0, rtol=0)
+        wanted = {id(p) for p in lora.adapter_parameters(fast, trainable)} if trainable else set()
+        assert {id(p) for p in fast.parameters() if p.requires_grad} == wanted, (name, trainable)
 
 
 def test_asking_for_the_active_weights_switches_nothing(monkeypatch):

@@ -42,9 +42,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def peft_switch(model, name: str | None, trainable: str | None = lora.TRAIN, layers=None) -> None:
-    """The switch with peft's calls alone: ``set_adapter`` + ``enable_adapters`` on every layer, then one
-    ``requires_grad_`` per adapter parameter (the state ``lora.activate`` must leave, and its baseline: one walk
-    of the module tree, given ``layers``, as flowrl's switch did before)."""
+    """The switch with peft's calls alone: ``set_adapter`` + ``enable_adapters`` on every layer, then the same
+    one-pass grads as ``lora.activate`` (``lora.set_trainable``), so the two differ only in the peft calls
+    ``activate`` skips. The state ``activate`` must leave, and its baseline (one walk of the module tree, given
+    ``layers``)."""
     layers = lora.tuner_layers(model) if layers is None else layers
     for _, m in layers:
         if name is None:
@@ -52,12 +53,7 @@ def peft_switch(model, name: str | None, trainable: str | None = lora.TRAIN, lay
         else:
             m.set_adapter(lora.peft_name(name))
             m.enable_adapters(True)
-    keep = None if trainable is None else lora.peft_name(trainable)
-    for _, m in layers:
-        for store in m.adapter_layer_names:
-            for key, item in getattr(m, store).items():
-                for p in [item] if isinstance(item, torch.nn.Parameter) else item.parameters():
-                    p.requires_grad_(key == keep)
+    lora.set_trainable(model, trainable, layers)
 
 
 def meta_model(family: str, quick: bool):
